@@ -1,0 +1,34 @@
+# Set-up and entry points. `make repro` and `make test` create .venv when missing, install the pinned
+# versions from requirements.lock, then run the pipeline / the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(abspath $(VENV))/bin
+# Stage commands in dvc.yaml call `python`: put the venv first so DVC runs them with it.
+export PATH := $(BIN):$(PATH)
+
+.PHONY: repro test test-fast ui lock clean
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+repro: $(VENV)/.installed  ## run the whole pipeline on params.yaml
+	dvc repro
+
+test: $(VENV)/.installed  ## run the test suite (no GPU or network needed)
+	python -m pytest -q
+
+test-fast: $(VENV)/.installed  ## unit tests only, skips the slow end-to-end ones
+	python -m pytest -q -m "not slow"
+
+ui: $(VENV)/.installed  ## open the MLflow UI (127.0.0.1) on the pipeline's store
+	ampbench ui
+
+lock:  ## refresh requirements.lock from the current venv
+	(echo "# Exact versions for a reproducible run (Python 3.11, x86_64 Linux). Regenerate: make lock"; \
+	 $(BIN)/python -m pip freeze --exclude-editable | grep -v '^ampbench') > requirements.lock
+
+clean:  ## remove pipeline outputs (not the MLflow store)
+	rm -rf data/prepared models reports/comparison.md reports/details.json reports/figures dvc_plots

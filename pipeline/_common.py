@@ -1,0 +1,74 @@
+"""Shared edge of the stage commands: which library and project root to use, params, one-line errors.
+
+Stage scripts import this first. It puts this checkout's ``src/`` on the path so a queued experiment (which
+DVC runs in a temporary copy) runs the library it hashed as a dependency, not whatever is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(CHECKOUT / "src"))
+
+from ampbench.errors import AmpbenchError  # noqa: E402  (needs the path above)
+from ampbench.params import Params, load_params  # noqa: E402
+
+
+def project_root() -> Path:
+    """Where the MLflow store lives: the original project even when DVC runs us in a temporary copy."""
+    return Path(os.environ.get("DVC_ROOT") or CHECKOUT).resolve()
+
+
+def run_tags() -> dict[str, str]:
+    """Provenance tags for MLflow: git commit and the DVC experiment name when there is one."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                                cwd=CHECKOUT).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    tags = {"git_commit": commit, "mlflow.source.git.commit": commit}
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
+    return tags
+
+
+def prepare_environment(params: Params) -> None:
+    """Environment that must be set before CUDA starts (deterministic cuBLAS)."""
+    if params.train.deterministic:
+        from ampbench.determinism import CUBLAS_WORKSPACE_CONFIG
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+
+
+params_option = click.option(
+    "--params", "params_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("params.yaml"),
+    show_default=True, help="params file to read (every stage validates the whole file first).")
+debug_option = click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
+
+
+def stage(fn):
+    """Wrap a stage body: load and validate params first, and turn user errors into one line and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, params_path: Path, debug: bool, **kwargs):
+        try:
+            params = load_params(params_path)
+            prepare_environment(params)
+            return fn(*args, params=params, **kwargs)
+        except AmpbenchError as exc:
+            if debug:
+                raise
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt as exc:
+            click.echo(f"interrupted ({exc or 'SIGINT'}); completed outputs are kept", err=True)
+            sys.exit(130)
+
+    return wrapper

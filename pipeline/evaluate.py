@@ -1,0 +1,36 @@
+"""DVC stage `evaluate`: every arm against the fp32 baseline of the same seed, on the test split.
+
+Run: python pipeline/evaluate.py [--params params.yaml]
+Writes reports/metrics.json (DVC metrics), reports/curves.json (DVC plots), reports/comparison.md and
+reports/figures/, adds test metrics to each arm's MLflow run and logs one comparison run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from _common import debug_option, params_option, project_root, run_tags, stage
+
+
+@click.command()
+@params_option
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data/prepared"),
+              show_default=True, help="Prepared data folder (output of the prepare stage).")
+@click.option("--models", "models_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("models"),
+              show_default=True, help="Folder holding one sub-folder per trained arm.")
+@click.option("--reports", "reports_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("reports"), show_default=True, help="Folder to write metrics, plots and the table into.")
+@debug_option
+@stage
+def main(params, data_dir: Path, models_dir: Path, reports_dir: Path) -> None:
+    """Compare every precision arm with fp32 and write the reports."""
+    from ampbench.runner import evaluate_arms
+
+    evaluate_arms(params, data_dir, models_dir, reports_dir, project_root(), run_tags())
+    click.echo((reports_dir / "comparison.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""DVC stage `train@<precision>`: train one precision arm for every seed in train.seeds.
+
+Run: python pipeline/train.py --precision fp16 [--params params.yaml]
+Writes models/<precision>/ (checkpoints, history, summary) and one MLflow run per seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from _common import debug_option, params_option, project_root, run_tags, stage
+
+
+@click.command()
+@click.option("--precision", required=True, help="Precision arm to train: fp32, tf32, fp16 or bf16.")
+@params_option
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data/prepared"),
+              show_default=True, help="Prepared data folder (output of the prepare stage).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output folder for this arm  [default: models/<precision>]")
+@debug_option
+@stage
+def main(params, precision: str, data_dir: Path, out_dir: Path | None) -> None:
+    """Train the model under one precision arm, once per seed, logging each run to MLflow."""
+    from ampbench.runner import train_arm
+
+    if precision not in params.train.precisions:
+        raise click.BadParameter(f"{precision!r} is not in train.precisions {params.train.precisions}",
+                                 param_hint="--precision")
+    train_arm(precision, params, data_dir, out_dir or Path("models") / precision, project_root(), run_tags())
+
+
+if __name__ == "__main__":
+    main()

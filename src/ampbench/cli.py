@@ -1,0 +1,46 @@
+"""The ``ampbench`` command: helpers around the pipeline (the stages themselves are in pipeline/).
+
+Run: ampbench --help. Heavy imports (torch, mlflow) happen inside commands so --help is instant.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """ampbench: measure mixed precision (fp16, bf16, TF32) against strict fp32, with DVC and MLflow."""
+
+
+@main.command()
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
+              help="Project root holding mlflow.db and mlartifacts/ (the pipeline's default store).")
+@click.option("--experiment", default=None, help="Experiment to link to  [default: mlflow.experiment in params.yaml]")
+@click.option("--port", type=int, default=5000, show_default=True, help="Port for the UI on 127.0.0.1.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind. Keep loopback; for remote access use an SSH tunnel, not 0.0.0.0.")
+@click.option("--dry-run", is_flag=True, help="Print the command and link, do not start the server.")
+def ui(root: Path, experiment: str | None, port: int, host: str, dry_run: bool) -> None:
+    """Start the MLflow UI on the pipeline's store and print the link to its training-runs table."""
+    from ampbench import tracking
+    from ampbench.params import load_params
+
+    root = root.resolve()
+    name = experiment or load_params(root / "params.yaml").mlflow.experiment
+    uri, _ = tracking.store_uris(root)
+    exp_id = tracking.setup(root, name)
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    # The UI opens experiments in its GenAI view by default; this query opens the runs table instead.
+    click.echo(f"MLflow UI: http://{host}:{port}/#/experiments/{exp_id}/runs?workflowType=machine_learning")
+    click.echo(" ".join(cmd))
+    if not dry_run:
+        os.execv(sys.executable, cmd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""Exceptions for errors a user can cause; the CLI edge turns them into one clear line."""
+
+
+class AmpbenchError(Exception):
+    """Base class: the message is meant for the user as it is."""
+
+
+class ParamsError(AmpbenchError):
+    """params.yaml (or a ``-S`` override) holds a value we cannot use."""
+
+
+class DataError(AmpbenchError):
+    """Input data is missing, corrupt or inconsistent."""
+
+
+class ArmUnavailable(AmpbenchError):
+    """A precision arm this device cannot run honestly (it would silently run as something else)."""
+
+
+class DeviceError(AmpbenchError):
+    """The requested device does not exist here."""

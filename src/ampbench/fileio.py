@@ -1,0 +1,47 @@
+"""Atomic file writes: write to a temporary name in the same folder, then rename into place.
+
+An interrupted stage therefore never leaves a truncated file that DVC or the next stage would take as good.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+
+def _atomic(path: Path, write: Callable[[Path], None]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically."""
+    _atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` atomically."""
+    import torch
+
+    _atomic(path, lambda tmp: torch.save(obj, tmp))
+
+
+def atomic_savefig(fig, path: Path) -> None:
+    """Save a matplotlib figure as PNG atomically."""
+    _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))

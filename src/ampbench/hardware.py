@@ -1,0 +1,55 @@
+"""Facts about the machine a run uses: device name, CPU model and its 16-bit instructions, library versions.
+
+Recorded with every run so results from different hardware are never mistaken for each other.
+"""
+
+from __future__ import annotations
+
+import platform
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+# CPU flags that decide whether bf16/fp16 autocast on CPU is native or emulated (slow).
+_CPU_16BIT_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16", "f16c")
+
+
+@lru_cache(maxsize=1)
+def cpu_info() -> dict[str, str]:
+    """CPU model name and which 16-bit instruction sets /proc/cpuinfo reports (Linux; 'unknown' elsewhere)."""
+    model, flags = platform.processor() or platform.machine() or "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break  # "model name" comes before "flags" in each processor block
+    except OSError:
+        pass
+    present = [f for f in _CPU_16BIT_FLAGS if f in flags]
+    return {"cpu_model": model, "cpu_16bit_flags": ",".join(present) or "none",
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def fingerprint(device: torch.device) -> dict[str, str]:
+    """Hardware and software facts for ``device``: GPU name and capability, CUDA, cuDNN, torch, CPU."""
+    info = {
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "device_type": device.type,
+        **cpu_info(),
+    }
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        info.update({
+            "device_name": torch.cuda.get_device_name(device),
+            "compute_capability": f"{major}.{minor}",
+            "cuda_version": str(torch.version.cuda),
+            "cudnn_version": str(torch.backends.cudnn.version()),
+        })
+    else:
+        info["device_name"] = f"CPU: {info['cpu_model']}"
+    return info

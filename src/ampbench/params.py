@@ -1,0 +1,132 @@
+"""The schema of params.yaml: one frozen model per section, validated before any work starts.
+
+``load_params(path)`` reads and validates the whole file; a bad value raises ``ParamsError`` with one line that
+names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ampbench.errors import ParamsError
+
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "synthetic")
+MODELS = ("small_cnn", "resnet18", "mlp")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULERS = ("constant", "cosine")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+BASELINE = "fp32"
+
+
+class _Section(BaseModel):
+    # extra="forbid" turns a typo such as `epoch:` into an error instead of a silently ignored key.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SyntheticParams(_Section):
+    image_size: int = Field(32, ge=4, le=1024, description="height = width of the generated images, pixels")
+    channels: int = Field(3, ge=1, le=16)
+    classes: int = Field(10, ge=2, le=1000)
+    count: int = Field(4096, ge=30, description="images generated in total, before the split")
+    noise: float = Field(1.0, ge=0, description="std of the Gaussian noise added to each class prototype")
+
+
+class PrepareParams(_Section):
+    dataset: Literal[DATASETS] = "digits"
+    download: bool = False
+    seed: int = Field(0, ge=0)
+    val_fraction: float = Field(0.15, gt=0, lt=0.5)
+    test_fraction: float = Field(0.15, gt=0, lt=0.5)
+    max_train: int | None = Field(None, ge=10, description="cap on the training split (None: all)")
+    synthetic: SyntheticParams = SyntheticParams()
+
+
+class TrainParams(_Section):
+    precisions: list[Literal[PRECISIONS]] = Field(default_factory=lambda: list(PRECISIONS), min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    model: Literal[MODELS] = "small_cnn"
+    width: int = Field(32, ge=1, le=4096, description="channels of the first conv / units of the MLP")
+    optimizer: Literal[OPTIMIZERS] = "adamw"
+    lr: float = Field(3e-3, gt=0, le=10)
+    weight_decay: float = Field(1e-4, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    scheduler: Literal[SCHEDULERS] = "cosine"
+    epochs: int = Field(8, ge=1)
+    batch_size: int = Field(64, ge=1)
+    deterministic: bool = True
+    progress: bool = True
+
+    @field_validator("precisions", "seeds")
+    @classmethod
+    def _unique(cls, value: list) -> list:
+        if len(set(value)) != len(value):
+            raise ValueError(f"entries must be unique, got {value}")
+        return value
+
+
+class EvaluateParams(_Section):
+    batch_size: int = Field(1024, ge=1)
+
+
+class MlflowParams(_Section):
+    experiment: str = Field("ampbench", min_length=1)
+    log_model: bool = True
+
+
+class Params(_Section):
+    prepare: PrepareParams = PrepareParams()
+    train: TrainParams = TrainParams()
+    evaluate: EvaluateParams = EvaluateParams()
+    mlflow: MlflowParams = MlflowParams()
+
+    @model_validator(mode="after")
+    def _baseline_present(self) -> Params:
+        if BASELINE not in self.train.precisions:
+            raise ValueError(
+                f"must include the {BASELINE} baseline: every arm is evaluated against it "
+                f"(got {self.train.precisions})"
+            )
+        return self
+
+
+def _describe(error: dict[str, Any]) -> str:
+    where = ".".join(str(p) for p in error["loc"]) or "params"
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown key (a typo?)"
+    msg = error["msg"].removeprefix("Value error, ")
+    got = error.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"{where}: {msg}{shown}"
+
+
+def validate(raw: dict[str, Any]) -> Params:
+    """Validate a params mapping; raise ParamsError naming the first bad key."""
+    try:
+        return Params.model_validate(raw or {})
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = errors[0]
+        if not first["loc"]:  # model-level check: attribute it to the key it is about
+            first = {**first, "loc": ("train", "precisions")}
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ParamsError(_describe(first) + more) from None
+
+
+def load_params(path: str | Path) -> Params:
+    """Read and validate a params.yaml file."""
+    import yaml
+
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: no such params file") from None
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    return validate(raw)

@@ -1,0 +1,124 @@
+"""The one place that turns a precision name into everything it implies.
+
+``resolve_policy("fp16", device)`` returns a ``PrecisionPolicy``: the autocast context, the GradScaler, and the
+TF32 backend flags. The training loop uses whatever the policy hands it and never branches on the name.
+
+| arm  | autocast dtype | GradScaler | TF32 (CUDA matmul + cuDNN conv) |
+|------|----------------|------------|---------------------------------|
+| fp32 | off            | off        | off ("ieee"): the strict baseline |
+| tf32 | off            | off        | on ("tf32"), CUDA compute capability ≥ 8.0 only |
+| fp16 | float16        | on         | off |
+| bf16 | bfloat16       | off        | off |
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ampbench.errors import ArmUnavailable, DeviceError
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """What one precision arm means on one device."""
+
+    name: str
+    device_type: str  # "cuda" or "cpu": always the device that really runs, so autocast is never silently off
+    autocast_dtype: torch.dtype | None  # None: no autocast, everything in float32
+    use_scaler: bool
+    tf32: bool  # TF32 tensor-core math for fp32 matmuls and convolutions
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context for forward pass and loss: autocast in this arm's dtype, or a no-op."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """A GradScaler for this arm; disabled (a pass-through) unless the arm is fp16 autocast."""
+        return torch.amp.GradScaler(self.device_type, enabled=self.use_scaler)
+
+    def apply_backend_flags(self) -> None:
+        """Set the fp32 math mode for CUDA matmuls and cuDNN convolutions, explicitly, for every arm.
+
+        Uses only the ``fp32_precision`` API: torch warns when the old ``allow_tf32`` flags are mixed with it,
+        and leaves cuDNN convolutions on TF32 by default, which would make a "fp32" baseline not fp32.
+        """
+        mode = "tf32" if self.tf32 else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+        # RNNs too: torch refuses to read the legacy flag (torch.export does) while conv and rnn differ.
+        torch.backends.cudnn.rnn.fp32_precision = mode
+
+    def describe(self) -> dict[str, str]:
+        """What actually runs, read back from torch after ``apply_backend_flags`` (for params and tags)."""
+        return {
+            "precision": self.name,
+            "device_type": self.device_type,
+            "autocast_dtype": str(self.autocast_dtype).removeprefix("torch.") if self.autocast_dtype else "off",
+            "grad_scaler": "on" if self.use_scaler else "off",
+            "cuda_matmul_fp32_precision": torch.backends.cuda.matmul.fp32_precision,
+            "cudnn_conv_fp32_precision": torch.backends.cudnn.conv.fp32_precision,
+        }
+
+
+@contextlib.contextmanager
+def cudnn_legacy_flags_readable():
+    """Temporarily put cuDNN's fp32 mode back to torch's default ("tf32") so legacy readers work.
+
+    torch 2.14's legacy ``allow_tf32`` getter, which ``torch.export`` (and so MLflow's model logging) calls,
+    raises whenever cuDNN conv or RNN is set to "ieee". Exporting never runs cuDNN kernels, so restoring the
+    default for its duration changes no result; our flags come back afterwards.
+    """
+    conv, rnn = torch.backends.cudnn.conv, torch.backends.cudnn.rnn
+    saved = conv.fp32_precision, rnn.fp32_precision
+    conv.fp32_precision = rnn.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        conv.fp32_precision, rnn.fp32_precision = saved
+
+
+_ARMS = {
+    # name: (autocast dtype, scaler, tf32)
+    "fp32": (None, False, False),
+    "tf32": (None, False, True),
+    "fp16": (torch.float16, True, False),
+    "bf16": (torch.bfloat16, False, False),
+}
+
+
+def _cuda_capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def resolve_policy(name: str, device: torch.device) -> PrecisionPolicy:
+    """The policy for arm ``name`` on ``device``; ArmUnavailable if the device cannot run it as named."""
+    if name not in _ARMS:
+        raise ArmUnavailable(f"unknown precision {name!r}; known: {', '.join(_ARMS)}")
+    dtype, scaler, tf32 = _ARMS[name]
+    if device.type == "cuda":
+        major, minor = _cuda_capability(device)
+        if tf32 and major < 8:
+            raise ArmUnavailable(f"tf32 needs compute capability ≥ 8.0 (Ampere); this GPU is {major}.{minor}")
+        # is_bf16_supported() counts emulation by default, which would make a "bf16" arm slow fp32-ish math.
+        if dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported(including_emulation=False):
+            raise ArmUnavailable(f"bf16 needs native bfloat16 (compute capability ≥ 8.0); this GPU is {major}.{minor}")
+    elif device.type == "cpu":
+        if tf32:
+            raise ArmUnavailable("tf32 is a CUDA tensor-core mode; on CPU it would run as plain fp32")
+    else:
+        raise ArmUnavailable(f"device type {device.type!r} is not supported (cpu or cuda)")
+    return PrecisionPolicy(name=name, device_type=device.type, autocast_dtype=dtype, use_scaler=scaler, tf32=tf32)
+
+
+def resolve_device(requested: str) -> torch.device:
+    """``auto`` → CUDA when present, else CPU; ``cuda`` without a GPU is an error, not a silent fallback."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("train.device is 'cuda' but no CUDA device is available (use 'auto' or 'cpu')")
+    return torch.device(requested)

@@ -1,0 +1,173 @@
+"""The one module that talks to MLflow: store location, runs per arm and seed, evaluation results, comparison run.
+
+Default store: SQLite ``mlflow.db`` plus an ``mlartifacts/`` folder at the project root (absolute paths, so runs
+from ``dvc repro``, ``dvc exp run`` and queued experiments in temporary copies all land in one store);
+``MLFLOW_TRACKING_URI`` overrides. Metrics are sent in one batch per epoch, never per step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+DB_NAME = "mlflow.db"
+ARTIFACTS_DIR = "mlartifacts"
+
+
+def store_uris(project_root: Path) -> tuple[str, str | None]:
+    """(tracking URI, artifact location for new experiments). The artifact location is None for a user URI."""
+    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if env_uri:
+        return env_uri, None
+    root = Path(project_root).resolve()
+    return f"sqlite:///{root / DB_NAME}", (root / ARTIFACTS_DIR).as_uri()
+
+
+def redact(uri: str) -> str:
+    """The URI without a password, safe to log as a tag."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def setup(project_root: Path, experiment: str) -> str:
+    """Point MLflow at the project's store and make sure the experiment exists; returns its id."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri, artifact_location = store_uris(project_root)
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.get_experiment_by_name(experiment)
+    if exp is None:
+        try:
+            exp_id = mlflow.create_experiment(experiment, artifact_location=artifact_location)
+        except MlflowException:  # another process created it between our look-up and create
+            exp_id = mlflow.get_experiment_by_name(experiment).experiment_id
+    else:
+        exp_id = exp.experiment_id
+    mlflow.set_experiment(experiment_id=exp_id)
+    return exp_id
+
+
+def flatten(prefix: str, obj: Any) -> dict[str, str]:
+    """Nested dicts → {"a.b": "value"} with string values, as MLflow params want them."""
+    if isinstance(obj, dict):
+        out: dict[str, str] = {}
+        for key, value in obj.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), value))
+        return out
+    return {prefix: str(obj)}
+
+
+@contextmanager
+def run(name: str, tags: dict[str, str], params: dict[str, str]) -> Iterator[str]:
+    """Start a run and yield its id. It ends FINISHED, FAILED (error as a tag) or KILLED (SIGINT/SIGTERM)."""
+    import mlflow
+
+    active = mlflow.start_run(run_name=name, tags=tags)
+    run_id = active.info.run_id
+    previous = {}
+
+    def _killed(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, _killed)
+    try:
+        mlflow.log_params(params)
+        yield run_id
+    except KeyboardInterrupt as exc:
+        mlflow.set_tag("ampbench.ended_by", str(exc) or "SIGINT")
+        mlflow.end_run(status="KILLED")
+        raise
+    except BaseException as exc:
+        mlflow.set_tag("ampbench.error", f"{type(exc).__name__}: {exc}"[:5000])
+        mlflow.end_run(status="FAILED")
+        raise
+    else:
+        mlflow.end_run(status="FINISHED")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def log_epoch(row: dict[str, float], prefix: str = "") -> None:
+    """One epoch's metrics in one call (a batch), stepped by epoch so the UI's charts line runs up."""
+    import mlflow
+
+    step = int(row["epoch"])
+    mlflow.log_metrics({f"{prefix}{k}": float(v) for k, v in row.items() if k != "epoch"}, step=step)
+
+
+def log_metrics(metrics: dict[str, float]) -> None:
+    import mlflow
+
+    mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+
+
+def log_dataset(meta: dict[str, Any], source_dir: Path) -> None:
+    """Fill the runs table's Dataset column: name, content checksum and where the prepared files are."""
+    import mlflow
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    with warnings.catch_warnings():  # "can be interpreted in multiple ways": both readings are the local path
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(str(Path(source_dir).resolve()))
+    dataset = MetaDataset(source=source, name=meta["dataset"], digest=meta["checksum"][:16])
+    mlflow.log_input(dataset, context="training")
+
+
+def log_artifacts(paths: list[Path], artifact_path: str | None = None) -> None:
+    import mlflow
+
+    for p in paths:
+        if Path(p).is_dir():
+            mlflow.log_artifacts(str(p), artifact_path=artifact_path)
+        else:
+            mlflow.log_artifact(str(p), artifact_path=artifact_path)
+
+
+def log_model(model, input_example, requirements: list[str]) -> str:
+    """Log the model so ``mlflow.pytorch.load_model(uri)`` returns a working model; returns that URI.
+
+    Explicit ``pip_requirements``: inferring them spawns a process and can fail offline. The input example has
+    a batch of 2 so the exported graph keeps the batch dimension dynamic.
+    """
+    import mlflow.pytorch
+
+    info = mlflow.pytorch.log_model(model, name="model", input_example=input_example, pip_requirements=requirements)
+    return info.model_uri
+
+
+def update_run(run_id: str, metrics: dict[str, float], tags: dict[str, str]) -> None:
+    """Add metrics and tags to an existing (finished) run without reopening it."""
+    import time
+
+    from mlflow.entities import Metric, RunTag
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    MlflowClient().log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+        tags=[RunTag(k, str(v)) for k, v in tags.items()],
+    )
+
+
+def run_exists(run_id: str) -> bool:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient().get_run(run_id)
+        return True
+    except MlflowException:
+        return False

@@ -1,0 +1,209 @@
+"""The training loop: the tutorial's mixed-precision step, driven by a ``PrecisionPolicy``, reporting by callback.
+
+The step is exactly the seed's: forward and loss inside ``policy.autocast()``; ``scaler.scale(loss).backward()``;
+``scaler.step(optimizer)``; ``scaler.update()``. For arms without a scaler the scaler is disabled and passes
+through, so the loop has one code path for every precision. Data stays on the device as tensors and is batched
+by indexing; running sums stay on the device and are read once per epoch (no per-step host sync).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ampbench.data import Split
+from ampbench.precision import PrecisionPolicy
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything the loop needs besides model, data and precision."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    optimizer: str = "adamw"
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    scheduler: str = "cosine"
+    seed: int = 0
+    eval_batch_size: int = 1024
+    progress: bool = False
+    log_every: int = 50  # steps between progress-bar loss updates (each one reads the loss: a host sync)
+
+
+@dataclass
+class TrainState:
+    """The objects that make up a training run; everything a checkpoint must hold."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    generator: torch.Generator  # data order; on CPU so its state is portable
+    epoch: int = 0  # epochs completed
+
+
+@dataclass
+class TrainResult:
+    history: list[dict[str, float]] = field(default_factory=list)  # one row per epoch
+    seconds: float = 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        """Median training throughput over epochs, the first (warm-up) excluded when there are others."""
+        rates = [row["samples_per_s"] for row in self.history]
+        return statistics.median(rates[1:] if len(rates) > 1 else rates)
+
+    @property
+    def skipped_steps(self) -> int:
+        return int(sum(row["skipped_steps"] for row in self.history))
+
+
+def make_optimizer(name: str, params, lr: float, weight_decay: float, momentum: float,
+                   device: torch.device) -> torch.optim.Optimizer:
+    """SGD / Adam / AdamW, fused where the device allows: a fused optimizer lets GradScaler skip inf steps
+    inside the kernel instead of reading ``found_inf`` on the host every step."""
+    fused = device.type in ("cuda", "cpu")
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=fused)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=fused)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def make_scheduler(name: str, optimizer: torch.optim.Optimizer, epochs: int):
+    """Per-epoch LR schedule: ``constant`` or ``cosine`` (to zero over ``epochs``)."""
+    if name == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)
+    if name == "constant":
+        return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+    raise ValueError(f"unknown scheduler {name!r}")
+
+
+def init_state(model: nn.Module, policy: PrecisionPolicy, cfg: TrainConfig, device: torch.device) -> TrainState:
+    """Fresh optimizer, scheduler, scaler and data-order generator for ``model`` (already on ``device``)."""
+    optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.weight_decay, cfg.momentum, device)
+    return TrainState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=make_scheduler(cfg.scheduler, optimizer, cfg.epochs),
+        scaler=policy.grad_scaler(),
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+
+
+def train_step(model, optimizer, scaler, policy: PrecisionPolicy, x: torch.Tensor, y: torch.Tensor):
+    """One optimizer step, the tutorial's order. Returns (loss, logits), both still on the device."""
+    optimizer.zero_grad(set_to_none=True)
+    with policy.autocast():
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)  # autocast keeps cross_entropy in float32
+    scaler.scale(loss).backward()  # scale up so small fp16 gradients survive
+    scaler.step(optimizer)  # unscale, then step unless inf/NaN
+    scaler.update()  # adjust the scale factor
+    return loss, logits
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: torch.Tensor, policy: PrecisionPolicy, batch_size: int) -> torch.Tensor:
+    """Logits for ``x`` in the policy's precision, returned as float32 (N, classes) on x's device."""
+    was_training = model.training
+    model.eval()
+    outs = []
+    for start in range(0, len(x), batch_size):
+        with policy.autocast():
+            outs.append(model(x[start:start + batch_size]).float())
+    model.train(was_training)
+    return torch.cat(outs)
+
+
+def _batches(n: int, batch_size: int, generator: torch.Generator, device: torch.device):
+    """Shuffled index batches; a trailing batch of one sample is dropped (BatchNorm cannot train on it)."""
+    perm = torch.randperm(n, generator=generator).to(device)
+    for start in range(0, n, batch_size):
+        idx = perm[start:start + batch_size]
+        if len(idx) > 1:
+            yield idx
+
+
+def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cfg: TrainConfig,
+        on_epoch: Callable[[dict[str, float], TrainState], None] | None = None) -> TrainResult:
+    """Train ``state.model`` from ``state.epoch`` to ``cfg.epochs``; call ``on_epoch(row, state)`` after each.
+
+    ``train`` and ``val`` must already be on the model's device.
+    """
+    from tqdm.auto import tqdm
+
+    model, device = state.model, train.x.device
+    result = TrainResult()
+    # Scaling a dummy value makes GradScaler create its scale tensor now, so the very first step's skip
+    # (the default 2**16 scale often overflows at once) is counted too. A disabled scaler returns it unchanged.
+    state.scaler.scale(torch.zeros((), device=device))
+    start_all = time.perf_counter()
+    for epoch in range(state.epoch, cfg.epochs):
+        model.train()
+        loss_sum = torch.zeros((), device=device)
+        correct = torch.zeros((), device=device, dtype=torch.int64)
+        skipped = torch.zeros((), device=device, dtype=torch.int64)
+        seen = steps = 0
+        bar = tqdm(total=len(train), unit="sample", unit_scale=True, leave=False,
+                   disable=None if cfg.progress else True,  # None: only when attached to a terminal
+                   desc=f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}")
+        t0 = time.perf_counter()
+        for idx in _batches(len(train), cfg.batch_size, state.generator, device):
+            x, y = train.x[idx], train.y[idx]
+            scale_before = _scale_tensor(state.scaler)
+            loss, logits = train_step(model, state.optimizer, state.scaler, policy, x, y)
+            if scale_before is not None:  # the scaler lowers its scale exactly when it skipped the step
+                skipped += (_scale_tensor(state.scaler) < scale_before).long()
+            loss_sum += loss.detach().float() * len(idx)
+            correct += (logits.argmax(dim=1) == y).sum()
+            seen += len(idx)
+            steps += 1
+            bar.update(len(idx))
+            if cfg.progress and steps % cfg.log_every == 0:
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # time the work, not the queueing
+        train_seconds = time.perf_counter() - t0
+        state.scheduler.step()
+        state.epoch = epoch + 1
+
+        val_logits = predict(model, val.x, policy, cfg.eval_batch_size)
+        row = {
+            "epoch": epoch + 1,
+            "train_loss": (loss_sum / max(seen, 1)).item(),
+            "train_accuracy": correct.item() / max(seen, 1),
+            "val_loss": F.cross_entropy(val_logits, val.y).item(),
+            "val_accuracy": (val_logits.argmax(dim=1) == val.y).float().mean().item(),
+            "samples_per_s": seen / train_seconds,
+            "epoch_seconds": train_seconds,
+            "loss_scale": state.scaler.get_scale() if state.scaler.is_enabled() else 1.0,
+            "skipped_steps": int(skipped.item()),
+            "lr": state.optimizer.param_groups[0]["lr"],
+        }
+        bar.set_postfix(loss=f"{row['train_loss']:.4f}", val_acc=f"{row['val_accuracy']:.3f}")
+        bar.close()
+        result.history.append(row)
+        if on_epoch is not None:
+            on_epoch(row, state)
+    result.seconds = time.perf_counter() - start_all
+    return result
+
+
+def _scale_tensor(scaler: torch.amp.GradScaler) -> torch.Tensor | None:
+    """A device-side copy of the current loss scale (None when the scaler is disabled).
+
+    Reads GradScaler's ``_scale`` tensor rather than ``get_scale()``, which would sync with the host every step.
+    """
+    scale = getattr(scaler, "_scale", None) if scaler.is_enabled() else None
+    return None if scale is None else scale.clone()

@@ -1,0 +1,71 @@
+"""Shared test fixtures: tiny params, an MLflow store under tmp_path, the pipeline scripts importable."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "pipeline"))  # stage scripts import `_common` as a sibling module
+
+# The end-to-end test commits in temporary repos; give git an identity without touching global config.
+for var, value in {"GIT_AUTHOR_NAME": "ampbench tests", "GIT_AUTHOR_EMAIL": "tests@ampbench.invalid",
+                   "GIT_COMMITTER_NAME": "ampbench tests", "GIT_COMMITTER_EMAIL": "tests@ampbench.invalid"}.items():
+    os.environ.setdefault(var, value)
+
+TINY = {
+    "prepare": {"dataset": "digits", "seed": 0, "max_train": 240},
+    "train": {"precisions": ["fp32", "tf32", "fp16", "bf16"], "seeds": [0], "device": "cpu", "model": "small_cnn",
+              "width": 8, "epochs": 1, "batch_size": 32, "progress": False},
+    "evaluate": {"batch_size": 512},
+    "mlflow": {"experiment": "ampbench-tests", "log_model": True},
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def tiny_params() -> dict:
+    """A deep copy of the tiny params (1 epoch, 1 seed, 240 digits, width 8, CPU)."""
+    return yaml.safe_load(yaml.safe_dump(TINY))
+
+
+@pytest.fixture
+def write_params(tmp_path):
+    def write(params: dict, name: str = "params.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(params))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch) -> str:
+    """Point MLflow at a fresh SQLite store in tmp_path for this test."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_flags():
+    """Tests change global backend flags through precision policies; put them back afterwards."""
+    saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
+             torch.backends.cudnn.rnn.fp32_precision, torch.are_deterministic_algorithms_enabled())
+    yield
+    (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
+     torch.backends.cudnn.rnn.fp32_precision) = saved[:3]
+    torch.use_deterministic_algorithms(saved[3])

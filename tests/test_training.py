@@ -1,0 +1,111 @@
+"""The training loop: the tutorial's step order, learning, and scaler telemetry."""
+
+import pytest
+import torch
+
+from ampbench.data import Split
+from ampbench.models import build_model
+from ampbench.precision import resolve_policy
+from ampbench import training
+from ampbench.training import TrainConfig, fit, init_state
+
+CPU = torch.device("cpu")
+
+
+def _blobs(n=256, seed=0):
+    """Two-class 1×4×4 images: class mean ±1 plus noise; learnable in a few steps."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (n,), generator=g)
+    x = (y.float() * 2 - 1)[:, None, None, None] + 0.8 * torch.randn(n, 1, 4, 4, generator=g)
+    return Split(x, y)
+
+
+def test_step_follows_the_tutorial_order(monkeypatch):
+    calls = []
+    policy = resolve_policy("fp16", CPU)
+    real_scaler = policy.grad_scaler()
+
+    class SpyScaler:
+        def is_enabled(self):
+            return True
+
+        def scale(self, loss):
+            calls.append("scale")
+            scaled = real_scaler.scale(loss)
+            scaled.register_hook(lambda g: calls.append("backward"))
+            return scaled
+
+        def step(self, opt):
+            calls.append("step")
+            return real_scaler.step(opt)
+
+        def update(self):
+            calls.append("update")
+            real_scaler.update()
+
+    class SpyAutocast:
+        def __enter__(self):
+            calls.append("autocast_enter")
+            self.ctx = torch.autocast("cpu", dtype=torch.float16)
+            self.ctx.__enter__()
+
+        def __exit__(self, *exc):
+            calls.append("autocast_exit")
+            return self.ctx.__exit__(*exc)
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    model.register_forward_hook(lambda *a: calls.append("forward"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    orig_zero = opt.zero_grad
+    monkeypatch.setattr(opt, "zero_grad", lambda **kw: (calls.append("zero_grad"), orig_zero(**kw)))
+    monkeypatch.setattr(type(policy), "autocast", lambda self: SpyAutocast())
+    data = _blobs(8)
+    loss, logits = training.train_step(model, opt, SpyScaler(), policy, data.x, data.y)
+    assert calls == ["zero_grad", "autocast_enter", "forward", "autocast_exit", "scale", "backward", "step", "update"]
+    assert loss.dtype == torch.float32  # loss computed inside autocast stays float32
+
+
+@pytest.mark.parametrize("arm", ["fp32", "bf16", "fp16"])
+def test_fit_learns_and_reports_each_epoch(arm):
+    torch.manual_seed(0)
+    policy = resolve_policy(arm, CPU)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    cfg = TrainConfig(epochs=3, batch_size=32, lr=0.05, optimizer="adamw", scheduler="constant")
+    state = init_state(model, policy, cfg, CPU)
+    rows = []
+    result = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg, on_epoch=lambda row, st: rows.append(row))
+    assert [r["epoch"] for r in rows] == [1, 2, 3] and state.epoch == 3
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    assert rows[-1]["val_accuracy"] > 0.85
+    assert result.samples_per_s > 0
+    assert set(rows[0]) >= {"train_loss", "val_loss", "val_accuracy", "samples_per_s", "loss_scale", "skipped_steps"}
+
+
+def test_scaler_skips_overflowing_steps_and_counts_them():
+    torch.manual_seed(0)
+    policy = resolve_policy("fp16", CPU)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    cfg = TrainConfig(epochs=1, batch_size=32, lr=0.01, optimizer="sgd", scheduler="constant")
+    state = init_state(model, policy, cfg, CPU)
+    # A scale of 2**100 overflows fp16 (max 65504) at once: the scaler must skip and halve until it fits.
+    state.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100, growth_interval=10_000)
+    before = [p.detach().clone() for p in model.parameters()]
+    result = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg)
+    row = result.history[0]
+    # 256 samples / 32 = 8 steps, each overflows (the scale only halves per skip): all 8 skipped,
+    # the scale went down by 2**8, and no step touched the weights.
+    assert row["skipped_steps"] == 8 == result.skipped_steps
+    assert row["loss_scale"] == 2.0**92
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_no_skips_when_scale_fits():
+    torch.manual_seed(0)
+    policy = resolve_policy("fp16", CPU)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    cfg = TrainConfig(epochs=1, batch_size=32, lr=0.01, optimizer="sgd", scheduler="constant")
+    state = init_state(model, policy, cfg, CPU)
+    state.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    result = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg)
+    assert result.history[0]["skipped_steps"] == 0
+    assert result.history[0]["loss_scale"] == 2.0**8
