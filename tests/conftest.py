@@ -18,13 +18,22 @@ for var, value in {"GIT_AUTHOR_NAME": "ampbench tests", "GIT_AUTHOR_EMAIL": "tes
                    "GIT_COMMITTER_NAME": "ampbench tests", "GIT_COMMITTER_EMAIL": "tests@ampbench.invalid"}.items():
     os.environ.setdefault(var, value)
 
-TINY = {
+def _merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(base.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+# The repo's params.yaml with tiny overrides: a complete file, as DVC needs every key a stage lists.
+_TINY_OVERRIDES = {
     "prepare": {"dataset": "digits", "seed": 0, "max_train": 240},
     "train": {"precisions": ["fp32", "tf32", "fp16", "bf16"], "seeds": [0], "device": "cpu", "model": "small_cnn",
               "width": 8, "epochs": 1, "batch_size": 32, "progress": False},
     "evaluate": {"batch_size": 512},
     "mlflow": {"experiment": "ampbench-tests", "log_model": True},
 }
+TINY = _merged(yaml.safe_load((ROOT / "params.yaml").read_text()), _TINY_OVERRIDES)
 
 
 def pytest_collection_modifyitems(config, items):

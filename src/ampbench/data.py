@@ -199,7 +199,7 @@ def load_prepared(in_dir: Path) -> Prepared:
         for name in SPLITS:
             blob = torch.load(in_dir / f"{name}.pt", weights_only=True)
             splits[name] = Split(blob["x"], blob["y"])
-    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+    except Exception as exc:  # torch.load of a damaged file can raise almost anything (pickle internals)
         raise DataError(f"{in_dir}: prepared data unreadable ({type(exc).__name__}: {exc}); rerun prepare") from None
     for name, split in splits.items():
         if list(split.x.shape[1:]) != meta["input_shape"] or len(split) != meta["sizes"][name]:

@@ -1,0 +1,90 @@
+"""CLI tests: the stage commands and `ampbench`, in-process with click's CliRunner."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT
+
+
+def _stage(name):
+    spec = importlib.util.spec_from_file_location(f"ampbench_stage_{name}", ROOT / "pipeline" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize("name", ["prepare", "train", "evaluate"])
+def test_stage_help_documents_every_option(name):
+    cmd = _stage(name)
+    result = CliRunner().invoke(cmd, ["--help"])
+    assert result.exit_code == 0
+    for param in cmd.params:
+        assert param.help, f"{name} --{param.name} has no help text"
+
+
+def test_ampbench_help_and_ui_link(tmp_path, mlflow_store):
+    from ampbench.cli import main
+
+    assert CliRunner().invoke(main, ["--help"]).exit_code == 0
+    (tmp_path / "params.yaml").write_text("mlflow: {experiment: uitest}\n")
+    result = CliRunner().invoke(main, ["ui", "--root", str(tmp_path), "--dry-run", "--port", "5123"])
+    assert result.exit_code == 0, result.output
+    assert "http://127.0.0.1:5123/#/experiments/" in result.output
+    assert "workflowType=machine_learning" in result.output
+    assert "--host 127.0.0.1" in result.output
+
+
+def test_bad_params_one_line_no_traceback_no_outputs(tmp_path, tiny_params, write_params):
+    tiny_params["train"]["lr"] = -1
+    path = write_params(tiny_params)
+    out = tmp_path / "models" / "fp32"
+    result = CliRunner().invoke(_stage("train"), ["--precision", "fp32", "--params", str(path), "--out", str(out)])
+    assert result.exit_code == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "train.lr" in result.stderr and "Traceback" not in result.output + result.stderr
+    assert not out.exists()
+
+
+def test_stages_in_process(tmp_path, tiny_params, write_params, mlflow_store):
+    """prepare → train (fp32, a skipped tf32, bf16) → evaluate, in one process with log_model off."""
+    import mlflow
+
+    tiny_params["train"]["precisions"] = ["fp32", "tf32", "bf16"]
+    tiny_params["mlflow"]["log_model"] = False
+    params = str(write_params(tiny_params))
+    data, models, reports = tmp_path / "prepared", tmp_path / "models", tmp_path / "reports"
+    runner = CliRunner()
+    r = runner.invoke(_stage("prepare"), ["--params", params, "--out", str(data)])
+    assert r.exit_code == 0, r.output
+    for arm in tiny_params["train"]["precisions"]:
+        r = runner.invoke(_stage("train"), ["--precision", arm, "--params", params, "--data", str(data),
+                                            "--out", str(models / arm)])
+        assert r.exit_code == 0, r.output + str(r.exception)
+    assert "tf32 is a CUDA tensor-core mode" in json.loads((models / "tf32" / "summary.json").read_text())["skipped"]
+    r = runner.invoke(_stage("evaluate"), ["--params", params, "--data", str(data), "--models", str(models),
+                                           "--reports", str(reports)])
+    assert r.exit_code == 0, r.output + str(r.exception)
+    metrics = json.loads((reports / "metrics.json").read_text())
+    assert metrics["tf32"]["status"] == "skipped"
+    assert metrics["fp32"]["delta_accuracy_vs_fp32"] == 0.0
+    assert 0 <= metrics["bf16"]["test_accuracy"] <= 1
+    assert "| bf16 |" in (reports / "comparison.md").read_text()
+    assert (reports / "figures" / "curves.png").stat().st_size > 10_000
+    curves = json.loads((reports / "curves.json").read_text())
+    assert {row["run"] for row in curves} == {"fp32-seed0", "bf16-seed0"}
+
+    mlflow.set_tracking_uri(mlflow_store)
+    runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
+    by_name = {run.info.run_name: run for run in runs}
+    assert set(by_name) == {"fp32-seed0", "bf16-seed0", "comparison"}
+    assert all(run.info.status == "FINISHED" for run in runs)
+    bf16 = by_name["bf16-seed0"].data
+    assert bf16.params["effective.autocast_dtype"] == "bfloat16"
+    assert bf16.tags["precision"] == "bf16" and "test_accuracy" in bf16.metrics
+    assert bf16.metrics["test_accuracy"] == pytest.approx(metrics["bf16"]["test_accuracy"], abs=1e-6)
+    assert "skipped.tf32" in by_name["comparison"].data.tags

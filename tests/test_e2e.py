@@ -1,0 +1,114 @@
+"""End to end: `dvc repro` of tiny params in a temporary git repo, then reruns, as a user would run them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, TINY
+
+pytestmark = pytest.mark.slow
+
+COPY = ["pipeline", "src", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config", ".dvc/.gitignore", ".dvc/plots"]
+
+
+def _sh(cmd: list[str], cwd: Path, env: dict) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+def _dvc(*args, repo, env):
+    return _sh([sys.executable, "-m", "dvc", *args], repo, env)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """A fresh git + DVC repo holding this project's pipeline with tiny params, `dvc repro` already run."""
+    repo = tmp_path_factory.mktemp("e2e") / "project"
+    repo.mkdir()
+    for rel in COPY:
+        src, dst = ROOT / rel, repo / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(src, dst)
+    (repo / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # stages call `python`
+    _sh(["git", "init", "-q"], repo, env)
+    _sh(["git", "add", "-A"], repo, env)
+    _sh(["git", "commit", "-qm", "tiny pipeline"], repo, env)
+    out = _dvc("repro", repo=repo, env=env)
+    return repo, env, out
+
+
+def _runs(repo: Path):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    return mlflow.search_runs(experiment_names=[TINY["mlflow"]["experiment"]], output_format="list")
+
+
+def test_repro_writes_every_output(repo):
+    repo, env, out = repo
+    assert "Running stage 'prepare'" in out and "Running stage 'evaluate'" in out
+    for arm in TINY["train"]["precisions"]:
+        assert (repo / "models" / arm / "summary.json").exists()
+    shown = json.loads(_dvc("metrics", "show", "--json", repo=repo, env=env))
+    metrics = next(iter(shown.values()))["data"]["reports/metrics.json"]["data"]
+    assert set(metrics) == set(TINY["train"]["precisions"])
+    assert metrics["tf32"]["status"] == "skipped"
+    for arm in ("fp16", "bf16"):
+        assert metrics[arm]["status"] == "ok" and 0 < metrics[arm]["test_accuracy"] <= 1
+    _dvc("plots", "show", "-o", "plots_html", repo=repo, env=env)
+    html = (repo / "plots_html" / "index.html").read_text()
+    assert "val_accuracy" in html and "fp16-seed0" in html
+    assert "| fp16 |" in (repo / "reports" / "comparison.md").read_text()
+
+
+def test_mlflow_store_at_project_root_with_loadable_models(repo):
+    import mlflow.pytorch
+    import torch
+
+    repo, env, _ = repo
+    assert (repo / "mlflow.db").exists() and (repo / "mlartifacts").is_dir()
+    runs = {r.info.run_name: r for r in _runs(repo)}
+    assert set(runs) == {"fp32-seed0", "fp16-seed0", "bf16-seed0", "comparison"}
+    for name, run in runs.items():
+        assert run.info.status == "FINISHED"
+        if name != "comparison":
+            assert "test_accuracy" in run.data.metrics and "val_loss" in run.data.metrics
+            assert run.data.tags["git_commit"] != "unknown"
+    summary = json.loads((repo / "models" / "fp16" / "summary.json").read_text())
+    model = mlflow.pytorch.load_model(summary["seeds"]["0"]["model_uri"])
+    x = torch.load(repo / "data" / "prepared" / "test.pt", weights_only=True)["x"][:5]
+    assert model(x).shape == (5, 10)
+
+
+def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
+    repo, env, _ = repo
+    assert "Data and pipelines are up to date" in _dvc("repro", repo=repo, env=env)
+    before = len(_runs(repo))
+
+    out = _dvc("exp", "run", "-S", "train.epochs=2", "-n", "two-epochs", repo=repo, env=env)
+    assert "Running stage 'prepare'" not in out
+    assert "Running stage 'train@fp32'" in out and "Running stage 'evaluate'" in out
+    runs = _runs(repo)
+    tagged = [r for r in runs if r.data.tags.get("dvc_exp_name") == "two-epochs"]
+    assert len(runs) == before + 4 and len(tagged) == 4  # 3 arms (tf32 skipped) + comparison
+
+    # A temporary-copy experiment (how queued experiments run): its runs still land in the root store.
+    out = _dvc("exp", "run", "--temp", "-S", "train.epochs=3", "-n", "in-temp", repo=repo, env=env)
+    runs = _runs(repo)
+    temp = [r for r in runs if r.data.tags.get("dvc_exp_name") == "in-temp"]
+    assert len(temp) == 4 and all(r.info.status == "FINISHED" for r in temp)
+    assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
