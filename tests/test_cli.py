@@ -88,3 +88,42 @@ def test_stages_in_process(tmp_path, tiny_params, write_params, mlflow_store):
     assert bf16.tags["precision"] == "bf16" and "test_accuracy" in bf16.metrics
     assert bf16.metrics["test_accuracy"] == pytest.approx(metrics["bf16"]["test_accuracy"], abs=1e-6)
     assert "skipped.tf32" in by_name["comparison"].data.tags
+
+
+def test_ablation_and_diverged_arms_go_through_the_stages(tmp_path, tiny_params, write_params, mlflow_store):
+    """Ablations run and are marked; an arm stopped by the divergence guard is FAILED in MLflow and shown as
+    diverged (not missing, no NaN results) while the other arms are still evaluated."""
+    import mlflow
+
+    tiny_params["train"]["precisions"] = ["fp32", "fp16", "fp16_noscaler", "bf16_pure"]
+    tiny_params["train"]["grad_scaler"]["init_scale"] = 2.0**100  # overflows at once: the scale collapses
+    tiny_params["train"]["divergence"]["max_consecutive_skips"] = 3
+    tiny_params["train"]["telemetry_every"] = 1
+    tiny_params["mlflow"]["log_model"] = False
+    params = str(write_params(tiny_params))
+    data, models, reports = tmp_path / "prepared", tmp_path / "models", tmp_path / "reports"
+    runner = CliRunner()
+    assert runner.invoke(_stage("prepare"), ["--params", params, "--out", str(data)]).exit_code == 0
+    for arm in tiny_params["train"]["precisions"]:
+        r = runner.invoke(_stage("train"), ["--precision", arm, "--params", params, "--data", str(data),
+                                            "--out", str(models / arm)])
+        assert r.exit_code == 0, r.output + str(r.exception)
+    r = runner.invoke(_stage("evaluate"), ["--params", params, "--data", str(data), "--models", str(models),
+                                           "--reports", str(reports)])
+    assert r.exit_code == 0, r.output + str(r.exception)
+    metrics = json.loads((reports / "metrics.json").read_text())
+    assert metrics["fp16"]["status"] == "diverged" and "in a row skipped" in metrics["fp16"]["reason"]
+    assert "test_accuracy" not in metrics["fp16"]
+    assert metrics["fp16_noscaler"]["status"] == "ok" and metrics["fp16_noscaler"]["ablation"] is True
+    assert metrics["bf16_pure"]["ablation"] is True and metrics["fp32"]["ablation"] is False
+    table = (reports / "comparison.md").read_text()
+    assert "| fp16 | **diverged**" in table and "| bf16_pure (ablation) |" in table
+
+    mlflow.set_tracking_uri(mlflow_store)
+    runs = {r.info.run_name: r for r in mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")}
+    assert runs["fp16-seed0"].info.status == "FAILED"
+    assert "in a row skipped" in runs["fp16-seed0"].data.tags["ampbench.error"]
+    assert runs["bf16_pure-seed0"].info.status == "FINISHED"
+    assert "diverged.fp16" in runs["comparison"].data.tags
+    per_layer = json.loads((models / "fp16_noscaler" / "grad_layers-seed0.json").read_text())
+    assert "0.weight" in per_layer[0] and "grad_underflow_frac" in per_layer[0]["0.weight"]

@@ -41,7 +41,7 @@ def test_unknown_arm():
 
 @pytest.mark.parametrize("arm, mode", [("fp32", "ieee"), ("tf32", "tf32"), ("fp16", "ieee"), ("bf16", "ieee")])
 def test_backend_flags_set_explicitly_for_every_arm(arm, mode):
-    dtype, scaler, tf32 = precision._ARMS[arm]
+    dtype, scaler, tf32, _ = precision._ARMS[arm]
     p = PrecisionPolicy(arm, "cuda", dtype, scaler, tf32)  # flags can be set without a GPU
     # Start from the opposite state so the test fails if apply_backend_flags leaves anything alone.
     other = "tf32" if mode == "ieee" else "ieee"

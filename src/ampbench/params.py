@@ -18,6 +18,7 @@ MODELS = ("small_cnn", "resnet18", "mlp")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "cosine")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+ABLATIONS = ("fp16_noscaler", "fp16_pure", "bf16_pure")  # opt-in arms that show what goes wrong
 BASELINE = "fp32"
 
 
@@ -44,8 +45,24 @@ class PrepareParams(_Section):
     synthetic: SyntheticParams = SyntheticParams()
 
 
+class GradScalerParams(_Section):
+    """torch.amp.GradScaler's settings, used by the fp16 arm."""
+
+    init_scale: float = Field(2.0**16, gt=0)
+    growth_factor: float = Field(2.0, gt=1)
+    backoff_factor: float = Field(0.5, gt=0, lt=1)
+    growth_interval: int = Field(2000, ge=1)
+
+
+class DivergenceParams(_Section):
+    """When to stop an arm as diverged instead of training on garbage."""
+
+    min_loss_scale: float = Field(1.0, gt=0, description="fp16: a loss scale below this means overflow every step")
+    max_consecutive_skips: int = Field(50, ge=1, description="fp16: this many skipped steps in a row")
+
+
 class TrainParams(_Section):
-    precisions: list[Literal[PRECISIONS]] = Field(default_factory=lambda: list(PRECISIONS), min_length=1)
+    precisions: list[Literal[PRECISIONS + ABLATIONS]] = Field(default_factory=lambda: list(PRECISIONS), min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     model: Literal[MODELS] = "small_cnn"
@@ -59,6 +76,11 @@ class TrainParams(_Section):
     batch_size: int = Field(64, ge=1)
     deterministic: bool = True
     progress: bool = True
+    clip_grad_norm: float | None = Field(None, gt=0, description="clip the true (unscaled) gradient norm")
+    telemetry_every: int = Field(10, ge=1, description="steps between gradient underflow/overflow samples")
+    loss_multiplier: float = Field(1.0, gt=0, description="< 1 pushes gradients toward fp16's underflow range")
+    grad_scaler: GradScalerParams = GradScalerParams()
+    divergence: DivergenceParams = DivergenceParams()
 
     @field_validator("precisions", "seeds")
     @classmethod

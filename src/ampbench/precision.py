@@ -9,6 +9,12 @@ TF32 backend flags. The training loop uses whatever the policy hands it and neve
 | tf32 | off            | off        | on ("tf32"), CUDA compute capability ≥ 8.0 only |
 | fp16 | float16        | on         | off |
 | bf16 | bfloat16       | off        | off |
+
+Ablations (opt-in; they show what the tutorial warns about):
+
+| fp16_noscaler | float16 autocast | off | off | — gradients that underflow in fp16 are lost |
+| fp16_pure     | none: model and inputs ``.half()`` | off | off | — no float32 master weights |
+| bf16_pure     | none: model and inputs ``.to(bfloat16)`` | off | off | — no float32 master weights |
 """
 
 from __future__ import annotations
@@ -30,6 +36,16 @@ class PrecisionPolicy:
     autocast_dtype: torch.dtype | None  # None: no autocast, everything in float32
     use_scaler: bool
     tf32: bool  # TF32 tensor-core math for fp32 matmuls and convolutions
+    param_dtype: torch.dtype = torch.float32  # float16/bfloat16 only for the *_pure ablations
+    ablation: bool = False
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model in this arm's parameter dtype (float32 except for the *_pure ablations)."""
+        return model.to(self.param_dtype)
+
+    def cast_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Inputs in the parameter dtype; a no-op for every arm with float32 weights."""
+        return x.to(self.param_dtype)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The context for forward pass and loss: autocast in this arm's dtype, or a no-op."""
@@ -37,9 +53,12 @@ class PrecisionPolicy:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
 
-    def grad_scaler(self) -> torch.amp.GradScaler:
-        """A GradScaler for this arm; disabled (a pass-through) unless the arm is fp16 autocast."""
-        return torch.amp.GradScaler(self.device_type, enabled=self.use_scaler)
+    def grad_scaler(self, **settings: float) -> torch.amp.GradScaler:
+        """A GradScaler for this arm; disabled (a pass-through) unless the arm is fp16 autocast.
+
+        ``settings``: init_scale, growth_factor, backoff_factor, growth_interval (GradScaler's arguments).
+        """
+        return torch.amp.GradScaler(self.device_type, enabled=self.use_scaler, **settings)
 
     def apply_backend_flags(self) -> None:
         """Set the fp32 math mode for CUDA matmuls and cuDNN convolutions, explicitly, for every arm.
@@ -60,6 +79,8 @@ class PrecisionPolicy:
             "device_type": self.device_type,
             "autocast_dtype": str(self.autocast_dtype).removeprefix("torch.") if self.autocast_dtype else "off",
             "grad_scaler": "on" if self.use_scaler else "off",
+            "param_dtype": str(self.param_dtype).removeprefix("torch."),
+            "ablation": str(self.ablation).lower(),
             "cuda_matmul_fp32_precision": torch.backends.cuda.matmul.fp32_precision,
             "cudnn_conv_fp32_precision": torch.backends.cudnn.conv.fp32_precision,
         }
@@ -83,12 +104,17 @@ def cudnn_legacy_flags_readable():
 
 
 _ARMS = {
-    # name: (autocast dtype, scaler, tf32)
-    "fp32": (None, False, False),
-    "tf32": (None, False, True),
-    "fp16": (torch.float16, True, False),
-    "bf16": (torch.bfloat16, False, False),
+    # name: (autocast dtype, scaler, tf32, parameter dtype)
+    "fp32": (None, False, False, torch.float32),
+    "tf32": (None, False, True, torch.float32),
+    "fp16": (torch.float16, True, False, torch.float32),
+    "bf16": (torch.bfloat16, False, False, torch.float32),
+    # ablations
+    "fp16_noscaler": (torch.float16, False, False, torch.float32),
+    "fp16_pure": (None, False, False, torch.float16),
+    "bf16_pure": (None, False, False, torch.bfloat16),
 }
+ABLATIONS = ("fp16_noscaler", "fp16_pure", "bf16_pure")
 
 
 def _cuda_capability(device: torch.device) -> tuple[int, int]:
@@ -99,20 +125,22 @@ def resolve_policy(name: str, device: torch.device) -> PrecisionPolicy:
     """The policy for arm ``name`` on ``device``; ArmUnavailable if the device cannot run it as named."""
     if name not in _ARMS:
         raise ArmUnavailable(f"unknown precision {name!r}; known: {', '.join(_ARMS)}")
-    dtype, scaler, tf32 = _ARMS[name]
+    dtype, scaler, tf32, param_dtype = _ARMS[name]
+    low = dtype or param_dtype  # the 16-bit type this arm computes in, if any
     if device.type == "cuda":
         major, minor = _cuda_capability(device)
         if tf32 and major < 8:
             raise ArmUnavailable(f"tf32 needs compute capability ≥ 8.0 (Ampere); this GPU is {major}.{minor}")
         # is_bf16_supported() counts emulation by default, which would make a "bf16" arm slow fp32-ish math.
-        if dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported(including_emulation=False):
+        if low is torch.bfloat16 and not torch.cuda.is_bf16_supported(including_emulation=False):
             raise ArmUnavailable(f"bf16 needs native bfloat16 (compute capability ≥ 8.0); this GPU is {major}.{minor}")
     elif device.type == "cpu":
         if tf32:
             raise ArmUnavailable("tf32 is a CUDA tensor-core mode; on CPU it would run as plain fp32")
     else:
         raise ArmUnavailable(f"device type {device.type!r} is not supported (cpu or cuda)")
-    return PrecisionPolicy(name=name, device_type=device.type, autocast_dtype=dtype, use_scaler=scaler, tf32=tf32)
+    return PrecisionPolicy(name=name, device_type=device.type, autocast_dtype=dtype, use_scaler=scaler, tf32=tf32,
+                           param_dtype=param_dtype, ablation=name in ABLATIONS)
 
 
 def resolve_device(requested: str) -> torch.device:

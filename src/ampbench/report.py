@@ -9,14 +9,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CURVE_KEYS = ("train_loss", "val_loss", "val_accuracy", "loss_scale")
+# Also written to the DVC plot rows (not drawn in the PNG): the scaler and underflow story per epoch.
+PLOT_EXTRA_KEYS = ("grad_underflow_frac", "scaled_grad_underflow_frac", "grad_zero_frac", "grad_norm",
+                   "skipped_steps")
 
 
 @dataclass
 class ArmReport:
-    """One precision arm: either evaluated (``summary`` = means over seeds) or skipped with a reason."""
+    """One precision arm: evaluated (``summary`` = means over seeds), or skipped/diverged with a reason."""
 
     arm: str
     skipped_reason: str | None = None
+    status: str = "ok"  # ok | skipped (device cannot run it) | diverged (stopped by the guard)
+    ablation: bool = False
     summary: dict[str, float] = field(default_factory=dict)
     per_seed: dict[int, dict[str, float]] = field(default_factory=dict)
     histories: dict[int, list[dict[str, float]]] = field(default_factory=dict)
@@ -34,7 +39,7 @@ def curve_rows(arms: list[ArmReport]) -> list[dict[str, Any]]:
         for seed, history in sorted(a.histories.items()):
             for r in history:
                 rows.append({"run": f"{a.arm}-seed{seed}", "arm": a.arm, "seed": seed, "epoch": r["epoch"],
-                             **{k: r[k] for k in CURVE_KEYS}})
+                             **{k: r[k] for k in CURVE_KEYS + PLOT_EXTRA_KEYS if k in r}})
     return rows
 
 
@@ -60,15 +65,16 @@ def markdown_table(arms: list[ArmReport], context: dict[str, Any]) -> str:
     base = next((a for a in arms if a.arm == "fp32" and a.ran), None)
     base_rate = base.train.get("samples_per_s") if base else None
     for a in arms:
+        name = f"{a.arm} (ablation)" if a.ablation else a.arm
         if not a.ran:
-            lines.append(f"| {a.arm} | skipped: {a.skipped_reason} | | | | | | | | |")
+            lines.append(f"| {name} | **{a.status}**: {a.skipped_reason} | | | | | | | | |")
             continue
         s = a.summary
         rate = a.train.get("samples_per_s", float("nan"))
         speed = f"{rate / base_rate:.2f}×" if base_rate else "n/a"
         delta = "—" if a.arm == "fp32" else f"{100 * s['delta_accuracy_vs_fp32']:+.2f} ± {100 * s['delta_accuracy_vs_fp32_std']:.2f}"
         lines.append(
-            f"| {a.arm} | {_pct(s['test_accuracy'])} ± {100 * s['test_accuracy_std']:.2f} | {delta} "
+            f"| {name} | {_pct(s['test_accuracy'])} ± {100 * s['test_accuracy_std']:.2f} | {delta} "
             f"| {s['test_loss']:.4f} | {_pct(s['agreement_vs_fp32'])} | {s['kl_vs_fp32']:.2e} "
             f"| {s['max_abs_logit_diff_vs_fp32']:.3g} | {rate:,.0f} | {speed} | {a.train.get('skipped_steps', 0)} |"
         )

@@ -18,7 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ampbench.data import Split
+from ampbench.errors import AmpbenchError
 from ampbench.precision import PrecisionPolicy
+from ampbench.telemetry import GradProbe
+
+
+class Diverged(AmpbenchError):
+    """Training of one arm went numerically wrong; the message says how."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,12 @@ class TrainConfig:
     eval_batch_size: int = 1024
     progress: bool = False
     log_every: int = 50  # steps between progress-bar loss updates (each one reads the loss: a host sync)
+    clip_grad_norm: float | None = None  # applied to the true (unscaled) gradients
+    telemetry_every: int = 10  # steps between gradient samples and divergence checks (each reads from device)
+    loss_multiplier: float = 1.0  # < 1 pushes gradients toward fp16's underflow range (stress tests)
+    scaler_settings: dict = field(default_factory=dict)  # GradScaler init_scale, growth_factor, ...
+    min_loss_scale: float = 1.0  # divergence: loss scale below this
+    max_consecutive_skips: int = 50  # divergence: this many skipped steps in a row
 
 
 @dataclass
@@ -53,6 +65,7 @@ class TrainState:
 @dataclass
 class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)  # one row per epoch
+    layers: list[dict[str, dict[str, float]]] = field(default_factory=list)  # per epoch: per-parameter telemetry
     seconds: float = 0.0
 
     @property
@@ -96,19 +109,33 @@ def init_state(model: nn.Module, policy: PrecisionPolicy, cfg: TrainConfig, devi
         model=model,
         optimizer=optimizer,
         scheduler=make_scheduler(cfg.scheduler, optimizer, cfg.epochs),
-        scaler=policy.grad_scaler(),
+        scaler=policy.grad_scaler(**cfg.scaler_settings),
         generator=torch.Generator().manual_seed(cfg.seed),
     )
 
 
-def train_step(model, optimizer, scaler, policy: PrecisionPolicy, x: torch.Tensor, y: torch.Tensor):
-    """One optimizer step, the tutorial's order. Returns (loss, logits), both still on the device."""
+def train_step(model, optimizer, scaler, policy: PrecisionPolicy, x: torch.Tensor, y: torch.Tensor,
+               clip_grad_norm: float | None = None, probe: GradProbe | None = None, loss_multiplier: float = 1.0):
+    """One optimizer step, the tutorial's order. Returns (loss, logits), both still on the device.
+
+    With clipping or a probe: scale → backward → ``unscale_`` → clip → step → update, so the clip threshold
+    and the probe's "true" numbers apply to real gradients; ``step`` then skips its own unscaling.
+    """
     optimizer.zero_grad(set_to_none=True)
     with policy.autocast():
         logits = model(x)
-        loss = F.cross_entropy(logits, y)  # autocast keeps cross_entropy in float32
+        # float32 loss for every arm (autocast would keep cross_entropy in float32 anyway; the *_pure arms don't)
+        loss = F.cross_entropy(logits.float(), y) * loss_multiplier
     scaler.scale(loss).backward()  # scale up so small fp16 gradients survive
-    scaler.step(optimizer)  # unscale, then step unless inf/NaN
+    if probe is not None:
+        probe.sample(model, "scaled")  # what the scaler protects: gradients as backward left them
+    if clip_grad_norm is not None or probe is not None:
+        scaler.unscale_(optimizer)  # true gradients from here on
+        if probe is not None:
+            probe.sample(model, "true")
+        if clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+    scaler.step(optimizer)  # unscale (unless done above), then step unless inf/NaN
     scaler.update()  # adjust the scale factor
     return loss, logits
 
@@ -121,7 +148,7 @@ def predict(model: nn.Module, x: torch.Tensor, policy: PrecisionPolicy, batch_si
     outs = []
     for start in range(0, len(x), batch_size):
         with policy.autocast():
-            outs.append(model(x[start:start + batch_size]).float())
+            outs.append(model(policy.cast_input(x[start:start + batch_size])).float())
     model.train(was_training)
     return torch.cat(outs)
 
@@ -144,6 +171,8 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
     from tqdm.auto import tqdm
 
     model, device = state.model, train.x.device
+    train_x = policy.cast_input(train.x)  # once, not per step (a no-op unless a *_pure ablation)
+    probe = GradProbe(model, device)
     result = TrainResult()
     # Scaling a dummy value makes GradScaler create its scale tensor now, so the very first step's skip
     # (the default 2**16 scale often overflows at once) is counted too. A disabled scaler returns it unchanged.
@@ -154,17 +183,24 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device, dtype=torch.int64)
         skipped = torch.zeros((), device=device, dtype=torch.int64)
+        run_of_skips = torch.zeros((), device=device, dtype=torch.int64)  # consecutive skipped steps so far
+        longest_skips = torch.zeros((), device=device, dtype=torch.int64)
         seen = steps = 0
         bar = tqdm(total=len(train), unit="sample", unit_scale=True, leave=False,
                    disable=None if cfg.progress else True,  # None: only when attached to a terminal
                    desc=f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}")
         t0 = time.perf_counter()
         for idx in _batches(len(train), cfg.batch_size, state.generator, device):
-            x, y = train.x[idx], train.y[idx]
+            x, y = train_x[idx], train.y[idx]
             scale_before = _scale_tensor(state.scaler)
-            loss, logits = train_step(model, state.optimizer, state.scaler, policy, x, y)
+            sample = steps % cfg.telemetry_every == 0
+            loss, logits = train_step(model, state.optimizer, state.scaler, policy, x, y, cfg.clip_grad_norm,
+                                      probe if sample else None, cfg.loss_multiplier)
             if scale_before is not None:  # the scaler lowers its scale exactly when it skipped the step
-                skipped += (_scale_tensor(state.scaler) < scale_before).long()
+                was_skipped = (_scale_tensor(state.scaler) < scale_before).long()
+                skipped += was_skipped
+                run_of_skips = (run_of_skips + was_skipped) * was_skipped
+                longest_skips = torch.maximum(longest_skips, run_of_skips)
             loss_sum += loss.detach().float() * len(idx)
             correct += (logits.argmax(dim=1) == y).sum()
             seen += len(idx)
@@ -172,13 +208,17 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             bar.update(len(idx))
             if cfg.progress and steps % cfg.log_every == 0:
                 bar.set_postfix(loss=f"{loss.item():.4f}")
+            if sample:
+                _check_divergence(policy, state.scaler, loss_sum, longest_skips, cfg, epoch, steps)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # time the work, not the queueing
         train_seconds = time.perf_counter() - t0
         state.scheduler.step()
         state.epoch = epoch + 1
 
+        _check_divergence(policy, state.scaler, loss_sum, longest_skips, cfg, epoch, steps)
         val_logits = predict(model, val.x, policy, cfg.eval_batch_size)
+        grad_stats, layers = probe.epoch_summary()
         row = {
             "epoch": epoch + 1,
             "train_loss": (loss_sum / max(seen, 1)).item(),
@@ -190,14 +230,33 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             "loss_scale": state.scaler.get_scale() if state.scaler.is_enabled() else 1.0,
             "skipped_steps": int(skipped.item()),
             "lr": state.optimizer.param_groups[0]["lr"],
+            **grad_stats,
         }
         bar.set_postfix(loss=f"{row['train_loss']:.4f}", val_acc=f"{row['val_accuracy']:.3f}")
         bar.close()
         result.history.append(row)
+        result.layers.append(layers)
         if on_epoch is not None:
             on_epoch(row, state)
     result.seconds = time.perf_counter() - start_all
     return result
+
+
+def _check_divergence(policy: PrecisionPolicy, scaler, loss_sum: torch.Tensor, longest_skips: torch.Tensor,
+                      cfg: TrainConfig, epoch: int, steps: int) -> None:
+    """Raise Diverged when training has gone numerically wrong (reads two numbers from the device)."""
+    where = f"{policy.name}: epoch {epoch + 1}, step {steps}"
+    if scaler.is_enabled():
+        # With a scaler, inf/NaN losses are expected now and then (the step is skipped); a collapsing
+        # scale or a long run of skips means every step overflows.
+        scale = scaler.get_scale()
+        if scale < cfg.min_loss_scale:
+            raise Diverged(f"{where}: loss scale collapsed to {scale:g} (< {cfg.min_loss_scale:g}): fp16 overflows "
+                           "on every step")
+        if int(longest_skips) >= cfg.max_consecutive_skips:
+            raise Diverged(f"{where}: {int(longest_skips)} optimizer steps in a row skipped for inf/NaN gradients")
+    elif not torch.isfinite(loss_sum):
+        raise Diverged(f"{where}: loss became {float(loss_sum)} (no scaler to skip bad steps)")
 
 
 def _scale_tensor(scaler: torch.amp.GradScaler) -> torch.Tensor | None:

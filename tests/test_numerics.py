@@ -1,0 +1,87 @@
+"""The tutorial's numerical claims, measured: fp16 gradients underflow, the scaler prevents it, and guards."""
+
+import pytest
+import torch
+
+from ampbench.data import Split
+from ampbench.precision import resolve_policy
+from ampbench.training import Diverged, TrainConfig, fit, init_state, predict
+
+CPU = torch.device("cpu")
+
+
+def _blobs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (n,), generator=g)
+    x = (y.float() * 2 - 1)[:, None, None, None] + 0.8 * torch.randn(n, 1, 4, 4, generator=g)
+    return Split(x, y)
+
+
+def _run(arm, **cfg_kw):
+    torch.manual_seed(0)
+    policy = resolve_policy(arm, CPU)
+    model = policy.prepare_model(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                                     torch.nn.Linear(16, 2)))
+    cfg = TrainConfig(**{"epochs": 3, "batch_size": 32, "lr": 0.01, "optimizer": "adam", "scheduler": "constant",
+                         "telemetry_every": 1, **cfg_kw})
+    state = init_state(model, policy, cfg, CPU)
+    train, val = _blobs(256, 0), _blobs(128, 1)
+    result = fit(state, train, val, policy, cfg)
+    acc = (predict(model, val.x, policy, 512).argmax(1) == val.y).float().mean().item()
+    return result, acc
+
+
+# Loss × 2**-20: the gradient reaching the logits is ~1e-8, below fp16's smallest subnormal (2**-24 ≈ 6e-8).
+TINY_LOSS = {"loss_multiplier": 2.0**-20}
+
+
+def test_fp16_without_scaler_underflows_and_the_scaler_fixes_it():
+    fp32, acc32 = _run("fp32", **TINY_LOSS)
+    noscaler, acc_noscaler = _run("fp16_noscaler", **TINY_LOSS)
+    scaled, acc_scaled = _run("fp16", **TINY_LOSS)
+    h32, hn, hs = fp32.history[-1], noscaler.history[-1], scaled.history[-1]
+
+    # The true gradients are tiny: fp16 would flush a large share of them to zero.
+    assert h32["grad_underflow_frac"] > 0.2
+    # Without a scaler they did flush: the backward pass in fp16 produced (almost) only zeros, nothing learned.
+    assert hn["grad_zero_frac"] > 0.95
+    assert acc_noscaler < acc32 - 0.2
+    # With the scaler, the gradients as stored during backward are inside fp16's range...
+    assert hs["scaled_grad_underflow_frac"] < 0.01 and hs["grad_zero_frac"] < 0.5
+    # ...the true ones (after unscaling) are as tiny as fp32's, and the model learns like fp32.
+    assert hs["grad_underflow_frac"] > 0.2
+    assert acc32 > 0.85 and abs(acc_scaled - acc32) <= 0.05
+
+
+def test_normal_loss_has_no_fp16_underflow_worth_mentioning():
+    result, _ = _run("fp16")
+    assert result.history[-1]["scaled_grad_underflow_frac"] < 0.01
+    assert result.history[-1]["scaled_grad_overflow_frac"] == 0.0
+
+
+@pytest.mark.parametrize("arm", ["fp16_pure", "bf16_pure"])
+def test_pure_ablations_train_in_16_bit_weights(arm):
+    result, acc = _run(arm)
+    assert result.history[-1]["epoch"] == 3 and 0 <= acc <= 1
+
+
+def test_collapsing_loss_scale_stops_the_arm():
+    with pytest.raises(Diverged, match="loss scale collapsed"):
+        _run("fp16", scaler_settings={"init_scale": 2.0**100}, min_loss_scale=2.0**97)
+
+
+def test_long_run_of_skips_stops_the_arm():
+    with pytest.raises(Diverged, match="in a row skipped"):
+        _run("fp16", scaler_settings={"init_scale": 2.0**100}, max_consecutive_skips=4)
+
+
+def test_non_finite_loss_without_scaler_stops_the_arm():
+    with pytest.raises(Diverged, match="loss became"):
+        _run("bf16_pure", lr=1e30)
+
+
+def test_clipping_applies_to_true_gradients():
+    # A scaled gradient is 2**16 × the true one: clipping before unscale_ would shrink steps to nothing.
+    clipped, acc = _run("fp16", clip_grad_norm=1.0)
+    assert acc > 0.85
+    assert clipped.history[-1]["grad_norm"] < 1e3  # the probe reads true norms, not 2**16-scaled ones
