@@ -26,6 +26,16 @@ def project_root() -> Path:
     return Path(os.environ.get("DVC_ROOT") or CHECKOUT).resolve()
 
 
+def code_version() -> str:
+    """Hash of the library's source: a checkpoint written by other code is not resumed."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted((CHECKOUT / "src" / "ampbench").rglob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def run_tags() -> dict[str, str]:
     """Provenance tags for MLflow: git commit and the DVC experiment name when there is one."""
     try:

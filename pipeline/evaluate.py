@@ -26,7 +26,7 @@ from _common import debug_option, params_option, project_root, run_tags, stage
 @stage
 def main(params, data_dir: Path, models_dir: Path, reports_dir: Path) -> None:
     """Compare every precision arm with fp32 and write the reports."""
-    from ampbench.runner import evaluate_arms
+    from ampbench.comparison import evaluate_arms
 
     evaluate_arms(params, data_dir, models_dir, reports_dir, project_root(), run_tags())
     click.echo((reports_dir / "comparison.md").read_text())

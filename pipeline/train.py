@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from _common import debug_option, params_option, project_root, run_tags, stage
+from _common import code_version, debug_option, params_option, project_root, run_tags, stage
 
 
 @click.command()
@@ -20,16 +20,23 @@ from _common import debug_option, params_option, project_root, run_tags, stage
               show_default=True, help="Prepared data folder (output of the prepare stage).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder for this arm  [default: models/<precision>]")
+@click.option("--resume-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where per-epoch checkpoints of an unfinished arm wait to be resumed  [default: "
+                   ".resume/<precision>; kept outside models/ because DVC empties outputs before a stage runs]")
 @debug_option
 @stage
-def main(params, precision: str, data_dir: Path, out_dir: Path | None) -> None:
-    """Train the model under one precision arm, once per seed, logging each run to MLflow."""
+def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_dir: Path | None) -> None:
+    """Train the model under one precision arm, once per seed, logging each run to MLflow.
+
+    Interrupted? Run it again: it resumes from the last completed epoch.
+    """
     from ampbench.runner import train_arm
 
     if precision not in params.train.precisions:
         raise click.BadParameter(f"{precision!r} is not in train.precisions {params.train.precisions}",
                                  param_hint="--precision")
-    train_arm(precision, params, data_dir, out_dir or Path("models") / precision, project_root(), run_tags())
+    train_arm(precision, params, data_dir, out_dir or Path("models") / precision, project_root(), run_tags(),
+              resume_dir=resume_dir or Path(".resume") / precision, code_version=code_version())
 
 
 if __name__ == "__main__":

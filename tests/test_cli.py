@@ -11,6 +11,13 @@ from click.testing import CliRunner
 from conftest import ROOT
 
 
+def _train(arm, params, data, models):
+    """Run the train stage in-process with its outputs and resume folder under the test's tmp dir."""
+    args = ["--precision", arm, "--params", params, "--data", str(data), "--out", str(models / arm),
+            "--resume-dir", str(models.parent / ".resume" / arm)]
+    return CliRunner().invoke(_stage("train"), args)
+
+
 def _stage(name):
     spec = importlib.util.spec_from_file_location(f"ampbench_stage_{name}", ROOT / "pipeline" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -62,8 +69,7 @@ def test_stages_in_process(tmp_path, tiny_params, write_params, mlflow_store):
     r = runner.invoke(_stage("prepare"), ["--params", params, "--out", str(data)])
     assert r.exit_code == 0, r.output
     for arm in tiny_params["train"]["precisions"]:
-        r = runner.invoke(_stage("train"), ["--precision", arm, "--params", params, "--data", str(data),
-                                            "--out", str(models / arm)])
+        r = _train(arm, params, data, models)
         assert r.exit_code == 0, r.output + str(r.exception)
     assert "tf32 is a CUDA tensor-core mode" in json.loads((models / "tf32" / "summary.json").read_text())["skipped"]
     r = runner.invoke(_stage("evaluate"), ["--params", params, "--data", str(data), "--models", str(models),
@@ -105,8 +111,7 @@ def test_ablation_and_diverged_arms_go_through_the_stages(tmp_path, tiny_params,
     runner = CliRunner()
     assert runner.invoke(_stage("prepare"), ["--params", params, "--out", str(data)]).exit_code == 0
     for arm in tiny_params["train"]["precisions"]:
-        r = runner.invoke(_stage("train"), ["--precision", arm, "--params", params, "--data", str(data),
-                                            "--out", str(models / arm)])
+        r = _train(arm, params, data, models)
         assert r.exit_code == 0, r.output + str(r.exception)
     r = runner.invoke(_stage("evaluate"), ["--params", params, "--data", str(data), "--models", str(models),
                                            "--reports", str(reports)])

@@ -85,18 +85,21 @@ def test_scaler_skips_overflowing_steps_and_counts_them():
     torch.manual_seed(0)
     policy = resolve_policy("fp16", CPU)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
-    cfg = TrainConfig(epochs=1, batch_size=32, lr=0.01, optimizer="sgd", scheduler="constant")
+    cfg = TrainConfig(epochs=2, batch_size=32, lr=0.01, optimizer="sgd", scheduler="cosine")
     state = init_state(model, policy, cfg, CPU)
     # A scale of 2**100 overflows fp16 (max 65504) at once: the scaler must skip and halve until it fits.
     state.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100, growth_interval=10_000)
     before = [p.detach().clone() for p in model.parameters()]
     result = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg)
     row = result.history[0]
-    # 256 samples / 32 = 8 steps, each overflows (the scale only halves per skip): all 8 skipped,
-    # the scale went down by 2**8, and no step touched the weights.
-    assert row["skipped_steps"] == 8 == result.skipped_steps
+    # 256 samples / 32 = 8 steps an epoch, each overflows (the scale only halves per skip): all skipped,
+    # the scale went down by 2**8 per epoch, and no step touched the weights.
+    assert row["skipped_steps"] == 8 and result.skipped_steps == 16
+    assert result.history[1]["loss_scale"] == 2.0**84
     assert row["loss_scale"] == 2.0**92
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # No optimizer step happened, so the LR schedule did not advance either.
+    assert row["lr"] == 0.01 and state.scheduler.last_epoch == 0
 
 
 def test_no_skips_when_scale_fits():

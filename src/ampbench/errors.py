@@ -19,3 +19,7 @@ class ArmUnavailable(AmpbenchError):
 
 class DeviceError(AmpbenchError):
     """The requested device does not exist here."""
+
+
+class ResumeRefused(AmpbenchError):
+    """A checkpoint cannot be resumed as asked (e.g. it belongs to another precision)."""

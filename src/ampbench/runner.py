@@ -1,12 +1,16 @@
-"""Orchestration behind the train and evaluate stages: seeds × (fit → checkpoint → MLflow), and arms vs fp32.
+"""Train stage orchestration: one arm, every seed: fit → checkpoint each epoch → MLflow run; exact resume.
 
-Stage scripts in ``pipeline/`` call ``train_arm`` and ``evaluate_arms``; the maths lives in training.py and
-evaluation.py, MLflow calls in tracking.py, file formats in data.py / checkpoint.py / fileio.py.
+An interrupted arm leaves a checkpoint per seed under ``resume_dir`` (model, optimizer, scheduler, scaler, RNG
+and data-order states, history so far, MLflow run id). Run the stage again with the same params and code and
+it continues from the last completed epoch, in the same MLflow run; seeds already finished are not retrained.
+``resume_dir`` is removed once the whole arm is done.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,21 +18,17 @@ from typing import Any
 import torch
 
 from ampbench import checkpoint, tracking
-from ampbench.data import load_prepared
+from ampbench.data import Prepared, load_prepared
 from ampbench.determinism import seed_everything, set_deterministic
-from ampbench.errors import AmpbenchError, ArmUnavailable
-from ampbench.fileio import atomic_savefig, atomic_write_json, atomic_write_text
+from ampbench.errors import ArmUnavailable
+from ampbench.fileio import atomic_write_json
 from ampbench.hardware import fingerprint
 from ampbench.models import build_model
-from ampbench.params import BASELINE, Params
-from ampbench.precision import cudnn_legacy_flags_readable, resolve_device, resolve_policy
-from ampbench.training import Diverged, TrainConfig, fit, init_state, predict
+from ampbench.params import Params
+from ampbench.precision import PrecisionPolicy, cudnn_legacy_flags_readable, resolve_device, resolve_policy
+from ampbench.training import Diverged, TrainConfig, TrainResult, fit, init_state
 
 SUMMARY = "summary.json"
-# Per-arm columns in reports/metrics.json (means over seeds); reports/details.json has every seed and std.
-HEADLINE_METRICS = ("test_accuracy", "test_accuracy_std", "test_loss", "delta_accuracy_vs_fp32",
-                    "delta_loss_vs_fp32", "agreement_vs_fp32", "kl_vs_fp32", "max_abs_logit_diff_vs_fp32",
-                    "test_accuracy_fp32eval")
 HISTORY = "history.json"
 
 
@@ -42,15 +42,32 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def train_config(params: Params, seed: int) -> TrainConfig:
+    """The loop's settings for one seed, from the train params."""
+    tp = params.train
+    return TrainConfig(epochs=tp.epochs, batch_size=tp.batch_size, lr=tp.lr, optimizer=tp.optimizer,
+                       weight_decay=tp.weight_decay, momentum=tp.momentum, scheduler=tp.scheduler, seed=seed,
+                       progress=tp.progress, clip_grad_norm=tp.clip_grad_norm, telemetry_every=tp.telemetry_every,
+                       loss_multiplier=tp.loss_multiplier, scaler_settings=tp.grad_scaler.model_dump(),
+                       min_loss_scale=tp.divergence.min_loss_scale,
+                       max_consecutive_skips=tp.divergence.max_consecutive_skips)
+
+
+def resume_key(params: Params, data_checksum: str, arm: str, seed: int, code_version: str) -> str:
+    """What must be equal for a checkpoint to be resumed: params that shape training, data, arm, seed, code."""
+    train = params.train.model_dump(exclude={"progress", "precisions", "seeds"})
+    blob = json.dumps([train, data_checksum, arm, seed, code_version], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_root: Path,
-              tags: dict[str, str]) -> dict[str, Any]:
+              tags: dict[str, str], resume_dir: Path | None = None, code_version: str = "") -> dict[str, Any]:
     """Train ``arm`` once per seed in ``params.train.seeds``; write checkpoints, history and summary to out_dir.
 
-    An arm the device cannot run is recorded as skipped (with the reason) instead of running as something else.
-    Returns the summary written to ``out_dir/summary.json``.
+    An arm the device cannot run is recorded as skipped (with the reason) instead of running as something else;
+    a seed stopped by the divergence guard is recorded as diverged. Returns the summary (``out_dir/summary.json``).
     """
-    tp = params.train
-    device = resolve_device(tp.device)
+    device = resolve_device(params.train.device)
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         policy = resolve_policy(arm, device)
@@ -62,203 +79,105 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         return summary
 
     data = load_prepared(data_dir)
-    train, val = data.train.to(device), data.val.to(device)
-    hw = fingerprint(device)
     tracking.setup(project_root, params.mlflow.experiment)
-    histories: dict[str, list] = {}
-    seeds: dict[str, Any] = {}
-    for seed in tp.seeds:
-        seed_everything(seed)
-        set_deterministic(tp.deterministic)
-        policy.apply_backend_flags()
-        model = build_model(tp.model, data.input_shape, data.num_classes, tp.width).to(device)
-        model = policy.prepare_model(model)
-        cfg = TrainConfig(epochs=tp.epochs, batch_size=tp.batch_size, lr=tp.lr, optimizer=tp.optimizer,
-                          weight_decay=tp.weight_decay, momentum=tp.momentum, scheduler=tp.scheduler, seed=seed,
-                          progress=tp.progress, clip_grad_norm=tp.clip_grad_norm, telemetry_every=tp.telemetry_every,
-                          loss_multiplier=tp.loss_multiplier, scaler_settings=tp.grad_scaler.model_dump(),
-                          min_loss_scale=tp.divergence.min_loss_scale,
-                          max_consecutive_skips=tp.divergence.max_consecutive_skips)
-        state = init_state(model, policy, cfg, device)
-        what_ran = policy.describe()
-        run_params = {**tracking.flatten("", params.model_dump()), **tracking.flatten("effective", what_ran),
-                      "seed": str(seed), "dataset.checksum": data.meta["checksum"]}
-        run_tags = {**tags, "precision": arm, "seed": str(seed), "device": hw["device_name"],
-                    **{f"hw.{k}": v for k, v in hw.items()}, "ampbench.role": "arm"}
-        _log(f"[{arm}] seed {seed}: {what_ran}")
-        history: list[dict] = []
-        run_id = None
-        try:
-            with tracking.run(f"{arm}-seed{seed}", run_tags, run_params) as run_id:
-                tracking.log_dataset(data.meta, data_dir)
-                result = fit(state, train, val, policy, cfg,
-                             on_epoch=lambda row, _state: (history.append(row), tracking.log_epoch(row)))
-                ckpt = out_dir / f"seed{seed}.pt"
-                meta = {"arm": arm, "seed": seed, "model": tp.model, "width": tp.width,
-                        "input_shape": list(data.input_shape), "num_classes": data.num_classes, "policy": what_ran}
-                checkpoint.save(state, meta, ckpt)
-                seed_history = out_dir / f"history-seed{seed}.json"
-                layers = out_dir / f"grad_layers-seed{seed}.json"
-                atomic_write_json(seed_history, result.history)
-                atomic_write_json(layers, result.layers)
-                totals = {"train_samples_per_s": result.samples_per_s, "train_seconds": result.seconds,
-                          "skipped_steps_total": result.skipped_steps}
-                tracking.log_metrics(totals)
-                tracking.log_artifacts([ckpt, seed_history, layers])
-                model_uri = None
-                if params.mlflow.log_model:
-                    cpu_model = model.float().cpu().eval()
-                    with cudnn_legacy_flags_readable():
-                        model_uri = tracking.log_model(cpu_model, data.test.x[:2].numpy(), _requirements())
-        except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds/arms go on
-            _log(f"[{arm}] seed {seed}: DIVERGED: {exc}")
-            histories[str(seed)] = history
-            seeds[str(seed)] = {"run_id": run_id, "diverged": str(exc)}
-            continue
-        last = result.history[-1]
-        _log(f"[{arm}] seed {seed}: val_accuracy {last['val_accuracy']:.4f}, "
-             f"{result.samples_per_s:,.0f} samples/s, skipped steps {result.skipped_steps}")
-        histories[str(seed)] = result.history
-        seeds[str(seed)] = {"run_id": run_id, "model_uri": model_uri, "checkpoint": ckpt.name, **totals,
-                            "final": last, "diverged": None}
+    resume_dir = resume_dir or out_dir / ".resume"
+    seeds = {}
+    for seed in params.train.seeds:
+        key = resume_key(params, data.meta["checksum"], arm, seed, code_version)
+        seeds[str(seed)] = _train_seed(arm, seed, policy, params, data, data_dir, device, out_dir,
+                                       resume_dir / f"seed{seed}.pt", key, tags)
+    shutil.rmtree(resume_dir, ignore_errors=True)  # the arm is complete: nothing left to resume
+
     ok = [s for s in seeds.values() if not s["diverged"]]
-    diverged = {seed: s["diverged"] for seed, s in seeds.items() if s["diverged"]}
     summary = {
         "arm": arm,
         "skipped": None,
-        "diverged": diverged or None,
+        "diverged": {seed: s["diverged"] for seed, s in seeds.items() if s["diverged"]} or None,
         "ablation": policy.ablation,
-        "policy": what_ran,
-        "hardware": hw,
-        "seeds": seeds,
+        "policy": policy.describe(),
+        "hardware": fingerprint(device),
+        "seeds": {seed: {k: v for k, v in s.items() if k != "history"} for seed, s in seeds.items()},
         "samples_per_s": sum(s["train_samples_per_s"] for s in ok) / len(ok) if ok else None,
         "skipped_steps": sum(s["skipped_steps_total"] for s in ok),
     }
-    atomic_write_json(out_dir / HISTORY, histories)
+    atomic_write_json(out_dir / HISTORY, {seed: s["history"] for seed, s in seeds.items()})
     atomic_write_json(out_dir / SUMMARY, summary)
     return summary
 
 
-def _load_arm_model(ckpt_path: Path, device: torch.device) -> torch.nn.Module:
-    ck = checkpoint.load(ckpt_path)
-    m = ck["meta"]
-    model = build_model(m["model"], tuple(m["input_shape"]), m["num_classes"], m["width"])
-    model.load_state_dict(ck["model"])
-    return model.to(device).eval()
-
-
-def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir: Path, project_root: Path,
-                  tags: dict[str, str]) -> dict[str, Any]:
-    """Evaluate every arm on the test split against fp32 of the same seed; write reports; log to MLflow."""
-    from ampbench.evaluation import arm_seed_metrics, summarise_seeds
-    from ampbench.report import ArmReport, curve_rows, curves_figure, markdown_table
-
+def _train_seed(arm: str, seed: int, policy: PrecisionPolicy, params: Params, data: Prepared, data_dir: Path,
+                device: torch.device, out_dir: Path, resume_path: Path, key: str, tags: dict[str, str]) -> dict:
+    """Train (or resume, or reuse) one seed; returns its record for the summary."""
     tp = params.train
-    device = resolve_device(tp.device)
-    data = load_prepared(data_dir)
-    test = data.test.to(device)
-    fp32 = resolve_policy(BASELINE, device)
+    prior = checkpoint.load_resumable(resume_path, arm, key)
+    if prior is not None and prior["meta"]["done"]:
+        _log(f"[{arm}] seed {seed}: already finished before the interruption; reusing it")
+        if prior["meta"]["record"]["diverged"] is None:
+            checkpoint.save_dict(prior, out_dir / f"seed{seed}.pt")
+        return prior["meta"]["record"]
 
-    summaries = {}
-    for arm in tp.precisions:
-        path = models_dir / arm / SUMMARY
-        if not path.exists():
-            raise AmpbenchError(f"{path} missing: train the {arm} arm first (dvc repro)")
-        summaries[arm] = json.loads(path.read_text())
-    if summaries[BASELINE]["skipped"] or summaries[BASELINE].get("diverged"):
-        why = summaries[BASELINE]["skipped"] or summaries[BASELINE]["diverged"]
-        raise AmpbenchError(f"the fp32 baseline has no result to compare against: {why}")
-    fingerprints = {arm: s["hardware"] for arm, s in summaries.items()}
+    seed_everything(seed)
+    set_deterministic(tp.deterministic)
+    policy.apply_backend_flags()
+    model = policy.prepare_model(build_model(tp.model, data.input_shape, data.num_classes, tp.width).to(device))
+    cfg = train_config(params, seed)
+    state = init_state(model, policy, cfg, device)
+    history: list[dict] = []
+    layers: list[dict] = []
+    run_id = None
+    if prior is not None:
+        checkpoint.restore(state, prior)
+        history, layers, run_id = prior["meta"]["history"], prior["meta"]["layers"], prior["meta"]["run_id"]
+        _log(f"[{arm}] seed {seed}: resuming after epoch {state.epoch} of {cfg.epochs}")
 
-    # Logits per arm and seed: in the arm's own precision, and the same weights in strict fp32.
-    reports: list[ArmReport] = []
-    ref: dict[int, torch.Tensor] = {}
-    for arm in [BASELINE] + [a for a in tp.precisions if a != BASELINE]:
-        s = summaries[arm]
-        if s["skipped"] or s.get("diverged"):
-            reason = s["skipped"] or "; ".join(f"seed {k}: {v}" for k, v in s["diverged"].items())
-            reports.append(ArmReport(arm, skipped_reason=reason, status="skipped" if s["skipped"] else "diverged",
-                                     ablation=s.get("ablation", False)))
-            continue
-        policy = resolve_policy(arm, device)
-        histories = json.loads((models_dir / arm / HISTORY).read_text())
-        per_seed = {}
-        for seed in tp.seeds:
-            model = _load_arm_model(models_dir / arm / f"seed{seed}.pt", device)
-            policy.apply_backend_flags()
-            own = predict(policy.prepare_model(model), test.x, policy, params.evaluate.batch_size)
-            fp32.apply_backend_flags()
-            f32 = predict(model.float(), test.x, fp32, params.evaluate.batch_size)
-            if arm == BASELINE:
-                ref[seed] = own
-            per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test.y)
-        reports.append(ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed,
-                                 histories={int(k): v for k, v in histories.items()},
-                                 train={"samples_per_s": s["samples_per_s"], "skipped_steps": s["skipped_steps"],
-                                        "policy": s["policy"]}, ablation=s.get("ablation", False)))
+    what_ran = policy.describe()
+    hw = fingerprint(device)
+    meta = {"arm": arm, "seed": seed, "model": tp.model, "width": tp.width, "input_shape": list(data.input_shape),
+            "num_classes": data.num_classes, "policy": what_ran, "resume_key": key}
+    run_params = {**tracking.flatten("", params.model_dump()), **tracking.flatten("effective", what_ran),
+                  "seed": str(seed), "dataset.checksum": data.meta["checksum"]}
+    run_tags = {**tags, "precision": arm, "seed": str(seed), "device": hw["device_name"], "ablation": str(policy.ablation).lower(),
+                **{f"hw.{k}": v for k, v in hw.items()}, "ampbench.role": "arm"}
+    if prior is None:
+        _log(f"[{arm}] seed {seed}: {what_ran}")
 
-    base = reports[0]
-    metrics: dict[str, Any] = {}  # compact: what `dvc metrics show` / `dvc exp show` put in columns
-    details: dict[str, Any] = {}  # everything, per seed
-    for r in reports:
-        if not r.ran:
-            metrics[r.arm] = details[r.arm] = {"status": r.status, "reason": r.skipped_reason,
-                                               "ablation": r.ablation}
-            continue
-        metrics[r.arm] = {
-            "status": "ok",
-            "ablation": r.ablation,
-            **{k: round(r.summary[k], 6) for k in HEADLINE_METRICS},
-            "samples_per_s": round(r.train["samples_per_s"], 1),
-            "speedup_vs_fp32": round(r.train["samples_per_s"] / base.train["samples_per_s"], 4),
-            "skipped_steps": r.train["skipped_steps"],
-        }
-        details[r.arm] = {"status": "ok", "mean_and_std": r.summary, "per_seed": r.per_seed, "train": r.train}
-    context = {"dataset": data.meta["dataset"], "model": tp.model, "seeds": tp.seeds, "epochs": tp.epochs,
-               "device_name": fingerprints[BASELINE]["device_name"]}
-    if device.type == "cpu":
-        flags = fingerprints[BASELINE]["cpu_16bit_flags"]
-        context["note"] = (
-            f"CPU run. This CPU's 16-bit instructions: {flags}. Without AVX512-BF16/AMX, bf16 autocast is emulated, "
-            "and fp16 autocast on CPU has few fast kernels, so both are often several times slower than fp32 here; "
-            "mixed-precision speed-ups are mainly a GPU tensor-core effect. Speeds are reported as measured.")
-    table = markdown_table(reports, context)
+    def on_epoch(row: dict, st) -> None:
+        layers.append(row.pop("layers"))
+        tracking.log_epoch(row)  # before the checkpoint: a crash in between repeats the epoch, losing nothing
+        row.pop("steps")
+        history.append(row)
+        checkpoint.save(st, {**meta, "history": history, "layers": layers, "run_id": run_id, "done": False},
+                        resume_path)
 
-    reports_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(reports_dir / "metrics.json", metrics)
-    atomic_write_json(reports_dir / "details.json", details)
-    atomic_write_json(reports_dir / "curves.json", curve_rows(reports))
-    atomic_write_text(reports_dir / "comparison.md", table)
-    fig = curves_figure(reports)
-    atomic_savefig(fig, reports_dir / "figures" / "curves.png")
-
-    _log_evaluation(params, project_root, tags, reports, summaries, metrics, reports_dir)
-    return metrics
-
-
-def _log_evaluation(params, project_root, tags, reports, summaries, metrics, reports_dir) -> None:
-    """Test metrics onto each arm's run; one comparison run holding the table, figures and all metrics."""
-    tracking.setup(project_root, params.mlflow.experiment)
-    for r in reports:
-        if not r.ran:
-            continue
-        for seed, m in r.per_seed.items():
-            run_id = summaries[r.arm]["seeds"][str(seed)]["run_id"]
-            if tracking.run_exists(run_id):
-                tracking.update_run(run_id, m, {"evaluated": "true"})
-            else:
-                _log(f"[{r.arm}] seed {seed}: run {run_id} is not in this MLflow store; test metrics not attached")
-    flat = {}
-    for arm, m in metrics.items():
-        for k, v in m.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                flat[f"{arm}.{k}"] = v
-    skipped = {f"{r.status}.{r.arm}": r.skipped_reason[:5000] for r in reports if not r.ran}
-    ctags = {**tags, "ampbench.role": "comparison", "arms": ",".join(params.train.precisions),
-             "seeds": ",".join(map(str, params.train.seeds)), **skipped}
-    with tracking.run("comparison" + (f"-{tags['dvc_exp_name']}" if "dvc_exp_name" in tags else ""), ctags,
-                      tracking.flatten("", params.model_dump())):
-        tracking.log_metrics(flat)
-        tracking.log_artifacts([reports_dir / "comparison.md", reports_dir / "metrics.json", reports_dir / "details.json",
-                                reports_dir / "curves.json"])
-        tracking.log_artifacts([reports_dir / "figures"], artifact_path="figures")
+    try:
+        with tracking.run(f"{arm}-seed{seed}", run_tags, run_params, run_id=run_id) as run_id:
+            if prior is None:
+                tracking.log_dataset(data.meta, data_dir)
+            fit(state, data.train.to(device), data.val.to(device), policy, cfg, on_epoch=on_epoch)
+            result = TrainResult(history=history)  # whole run, resumed epochs included
+            record = {"run_id": run_id, "diverged": None, "checkpoint": f"seed{seed}.pt",
+                      "train_samples_per_s": result.samples_per_s,
+                      "train_seconds": sum(r["epoch_seconds"] for r in history),
+                      "skipped_steps_total": result.skipped_steps, "final": history[-1], "model_uri": None}
+            final = out_dir / f"seed{seed}.pt"
+            checkpoint.save(state, meta, final)
+            atomic_write_json(out_dir / f"history-seed{seed}.json", history)
+            atomic_write_json(out_dir / f"grad_layers-seed{seed}.json", layers)
+            tracking.log_metrics({k: record[k] for k in ("train_samples_per_s", "train_seconds",
+                                                         "skipped_steps_total")})
+            tracking.log_artifacts([final, out_dir / f"history-seed{seed}.json",
+                                    out_dir / f"grad_layers-seed{seed}.json"])
+            if params.mlflow.log_model:
+                cpu_model = model.float().cpu().eval()
+                with cudnn_legacy_flags_readable():
+                    record["model_uri"] = tracking.log_model(cpu_model, data.test.x[:2].numpy(), _requirements())
+    except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
+        _log(f"[{arm}] seed {seed}: DIVERGED: {exc}")
+        record = {"run_id": run_id, "diverged": str(exc)}
+    record["history"] = history
+    checkpoint.save(state, {**meta, "history": history, "layers": layers, "run_id": run_id, "done": True,
+                            "record": record}, resume_path)
+    if not record["diverged"]:
+        _log(f"[{arm}] seed {seed}: val_accuracy {history[-1]['val_accuracy']:.4f}, "
+             f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")
+    return record

@@ -67,11 +67,17 @@ def flatten(prefix: str, obj: Any) -> dict[str, str]:
 
 
 @contextmanager
-def run(name: str, tags: dict[str, str], params: dict[str, str]) -> Iterator[str]:
-    """Start a run and yield its id. It ends FINISHED, FAILED (error as a tag) or KILLED (SIGINT/SIGTERM)."""
+def run(name: str, tags: dict[str, str], params: dict[str, str], run_id: str | None = None) -> Iterator[str]:
+    """Start a run (or reopen ``run_id`` when resuming) and yield its id.
+
+    It ends FINISHED, FAILED (error as a tag) or KILLED (SIGINT/SIGTERM, which raise KeyboardInterrupt here).
+    """
     import mlflow
 
-    active = mlflow.start_run(run_name=name, tags=tags)
+    if run_id is not None and run_exists(run_id):
+        active = mlflow.start_run(run_id=run_id, tags=tags)
+    else:
+        active = mlflow.start_run(run_name=name, tags=tags)
     run_id = active.info.run_id
     previous = {}
 
@@ -98,12 +104,23 @@ def run(name: str, tags: dict[str, str], params: dict[str, str]) -> Iterator[str
             signal.signal(sig, handler)
 
 
-def log_epoch(row: dict[str, float], prefix: str = "") -> None:
-    """One epoch's metrics in one call (a batch), stepped by epoch so the UI's charts line runs up."""
-    import mlflow
+def log_epoch(row: dict[str, Any]) -> None:
+    """One epoch's metrics, stepped by epoch so the UI's charts line runs up, plus the rows sampled every
+    ``telemetry_every`` steps (under ``step/``, stepped by global step): one batched call per epoch."""
+    import time
 
-    step = int(row["epoch"])
-    mlflow.log_metrics({f"{prefix}{k}": float(v) for k, v in row.items() if k != "epoch"}, step=step)
+    import mlflow
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    epoch = int(row["epoch"])
+    metrics = [Metric(k, float(v), now, epoch) for k, v in row.items() if k not in ("epoch", "steps")]
+    for sample in row.get("steps", []):
+        metrics += [Metric(f"step/{k}", float(v), now, int(sample["step"])) for k, v in sample.items() if k != "step"]
+    client, run_id = MlflowClient(), mlflow.active_run().info.run_id
+    for start in range(0, len(metrics), 1000):  # MLflow accepts at most 1000 metrics per batch
+        client.log_batch(run_id, metrics=metrics[start:start + 1000])
 
 
 def log_metrics(metrics: dict[str, float]) -> None:

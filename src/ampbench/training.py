@@ -60,6 +60,7 @@ class TrainState:
     scaler: torch.amp.GradScaler
     generator: torch.Generator  # data order; on CPU so its state is portable
     epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps attempted (skipped ones included)
 
 
 @dataclass
@@ -166,6 +167,10 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         on_epoch: Callable[[dict[str, float], TrainState], None] | None = None) -> TrainResult:
     """Train ``state.model`` from ``state.epoch`` to ``cfg.epochs``; call ``on_epoch(row, state)`` after each.
 
+    ``row`` holds the epoch's metrics and, under ``"steps"``, rows sampled every ``cfg.telemetry_every`` steps
+    (global step, loss, loss scale, skipped steps so far), under ``"layers"`` the per-parameter telemetry. A resumed run passes a state restored from a
+    checkpoint (``state.epoch`` > 0) and continues exactly where it stopped.
+
     ``train`` and ``val`` must already be on the model's device.
     """
     from tqdm.auto import tqdm
@@ -186,6 +191,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         run_of_skips = torch.zeros((), device=device, dtype=torch.int64)  # consecutive skipped steps so far
         longest_skips = torch.zeros((), device=device, dtype=torch.int64)
         seen = steps = 0
+        step_rows: list[dict[str, float]] = []
         bar = tqdm(total=len(train), unit="sample", unit_scale=True, leave=False,
                    disable=None if cfg.progress else True,  # None: only when attached to a terminal
                    desc=f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}")
@@ -205,15 +211,20 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             correct += (logits.argmax(dim=1) == y).sum()
             seen += len(idx)
             steps += 1
+            state.step += 1
             bar.update(len(idx))
             if cfg.progress and steps % cfg.log_every == 0:
                 bar.set_postfix(loss=f"{loss.item():.4f}")
             if sample:
                 _check_divergence(policy, state.scaler, loss_sum, longest_skips, cfg, epoch, steps)
+                step_rows.append({"step": state.step, "loss": loss.item(), "skipped_in_epoch": int(skipped.item()),
+                                  "loss_scale": state.scaler.get_scale() if state.scaler.is_enabled() else 1.0})
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # time the work, not the queueing
         train_seconds = time.perf_counter() - t0
-        state.scheduler.step()
+        n_skipped = int(skipped.item())
+        if n_skipped < steps:  # the LR schedule advances only when the optimizer really stepped
+            state.scheduler.step()
         state.epoch = epoch + 1
 
         _check_divergence(policy, state.scaler, loss_sum, longest_skips, cfg, epoch, steps)
@@ -228,7 +239,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             "samples_per_s": seen / train_seconds,
             "epoch_seconds": train_seconds,
             "loss_scale": state.scaler.get_scale() if state.scaler.is_enabled() else 1.0,
-            "skipped_steps": int(skipped.item()),
+            "skipped_steps": n_skipped,
             "lr": state.optimizer.param_groups[0]["lr"],
             **grad_stats,
         }
@@ -237,7 +248,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         result.history.append(row)
         result.layers.append(layers)
         if on_epoch is not None:
-            on_epoch(row, state)
+            on_epoch({**row, "steps": step_rows, "layers": layers}, state)
     result.seconds = time.perf_counter() - start_all
     return result
 
