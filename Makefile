@@ -31,4 +31,4 @@ lock:  ## refresh requirements.lock from the current venv
 	 $(BIN)/python -m pip freeze --exclude-editable | grep -v '^ampbench') > requirements.lock
 
 clean:  ## remove pipeline outputs (not the MLflow store)
-	rm -rf data/prepared models reports/comparison.md reports/details.json reports/figures dvc_plots
+	rm -rf data/prepared models reports/report.md reports/details.json reports/figures dvc_plots

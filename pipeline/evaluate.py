@@ -1,8 +1,9 @@
 """DVC stage `evaluate`: every arm against the fp32 baseline of the same seed, on the test split.
 
 Run: python pipeline/evaluate.py [--params params.yaml]
-Writes reports/metrics.json (DVC metrics), reports/curves.json (DVC plots), reports/comparison.md and
-reports/figures/, adds test metrics to each arm's MLflow run and logs one comparison run.
+Writes reports/comparison.json (DVC metrics: verdicts, Δ with CI, speed and memory ratios), reports/curves.json
+(DVC plots), reports/report.md, details.json and figures/; adds test metrics and the verdict to each arm's MLflow
+runs and logs one comparison run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def main(params, data_dir: Path, models_dir: Path, reports_dir: Path) -> None:
     from ampbench.comparison import evaluate_arms
 
     evaluate_arms(params, data_dir, models_dir, reports_dir, project_root(), run_tags())
-    click.echo((reports_dir / "comparison.md").read_text())
+    click.echo((reports_dir / "report.md").read_text())
 
 
 if __name__ == "__main__":

@@ -75,11 +75,16 @@ def test_stages_in_process(tmp_path, tiny_params, write_params, mlflow_store):
     r = runner.invoke(_stage("evaluate"), ["--params", params, "--data", str(data), "--models", str(models),
                                            "--reports", str(reports)])
     assert r.exit_code == 0, r.output + str(r.exception)
-    metrics = json.loads((reports / "metrics.json").read_text())
+    metrics = json.loads((reports / "comparison.json").read_text())
     assert metrics["tf32"]["status"] == "skipped"
-    assert metrics["fp32"]["delta_accuracy_vs_fp32"] == 0.0
+    assert metrics["fp32"]["delta_accuracy_pp"] == 0.0 and metrics["fp32"]["verdict"] == "baseline"
     assert 0 <= metrics["bf16"]["test_accuracy"] <= 1
-    assert "| bf16 |" in (reports / "comparison.md").read_text()
+    # One seed: no interval, and the verdict says why instead of pretending.
+    assert metrics["bf16"]["verdict"] == "inconclusive" and "delta_accuracy_pp_ci_low" not in metrics["bf16"]
+    assert "1 seed gives no confidence interval" in (reports / "report.md").read_text()
+    for png in ("curves.png", "accuracy_delta.png", "speed_memory.png"):
+        assert (reports / "figures" / png).stat().st_size > 10_000
+    assert "| bf16 |" in (reports / "report.md").read_text()
     assert (reports / "figures" / "curves.png").stat().st_size > 10_000
     curves = json.loads((reports / "curves.json").read_text())
     assert {row["run"] for row in curves} == {"fp32-seed0", "bf16-seed0"}
@@ -91,6 +96,7 @@ def test_stages_in_process(tmp_path, tiny_params, write_params, mlflow_store):
     assert all(run.info.status == "FINISHED" for run in runs)
     bf16 = by_name["bf16-seed0"].data
     assert bf16.params["effective.autocast_dtype"] == "bfloat16"
+    assert bf16.tags["verdict"] == "inconclusive" and "arm.speedup_vs_fp32" in bf16.metrics
     assert bf16.tags["precision"] == "bf16" and "test_accuracy" in bf16.metrics
     assert bf16.metrics["test_accuracy"] == pytest.approx(metrics["bf16"]["test_accuracy"], abs=1e-6)
     assert "skipped.tf32" in by_name["comparison"].data.tags
@@ -116,12 +122,12 @@ def test_ablation_and_diverged_arms_go_through_the_stages(tmp_path, tiny_params,
     r = runner.invoke(_stage("evaluate"), ["--params", params, "--data", str(data), "--models", str(models),
                                            "--reports", str(reports)])
     assert r.exit_code == 0, r.output + str(r.exception)
-    metrics = json.loads((reports / "metrics.json").read_text())
+    metrics = json.loads((reports / "comparison.json").read_text())
     assert metrics["fp16"]["status"] == "diverged" and "in a row skipped" in metrics["fp16"]["reason"]
     assert "test_accuracy" not in metrics["fp16"]
     assert metrics["fp16_noscaler"]["status"] == "ok" and metrics["fp16_noscaler"]["ablation"] is True
     assert metrics["bf16_pure"]["ablation"] is True and metrics["fp32"]["ablation"] is False
-    table = (reports / "comparison.md").read_text()
+    table = (reports / "report.md").read_text()
     assert "| fp16 | **diverged**" in table and "| bf16_pure (ablation) |" in table
 
     mlflow.set_tracking_uri(mlflow_store)

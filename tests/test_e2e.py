@@ -64,7 +64,8 @@ def test_repro_writes_every_output(repo):
     for arm in TINY["train"]["precisions"]:
         assert (repo / "models" / arm / "summary.json").exists()
     shown = json.loads(_dvc("metrics", "show", "--json", repo=repo, env=env))
-    metrics = next(iter(shown.values()))["data"]["reports/metrics.json"]["data"]
+    metrics = next(iter(shown.values()))["data"]["reports/comparison.json"]["data"]
+    assert metrics["fp32"]["verdict"] == "baseline"
     assert set(metrics) == set(TINY["train"]["precisions"])
     assert metrics["tf32"]["status"] == "skipped"
     for arm in ("fp16", "bf16"):
@@ -72,7 +73,7 @@ def test_repro_writes_every_output(repo):
     _dvc("plots", "show", "-o", "plots_html", repo=repo, env=env)
     html = (repo / "plots_html" / "index.html").read_text()
     assert "val_accuracy" in html and "fp16-seed0" in html
-    assert "| fp16 |" in (repo / "reports" / "comparison.md").read_text()
+    assert "| fp16 |" in (repo / "reports" / "report.md").read_text()
 
 
 def test_mlflow_store_at_project_root_with_loadable_models(repo):
@@ -112,3 +113,14 @@ def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
     temp = [r for r in runs if r.data.tags.get("dvc_exp_name") == "in-temp"]
     assert len(temp) == 4 and all(r.info.status == "FINISHED" for r in temp)
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
+
+    # Verdict and speed columns in `dvc exp show`, and `ampbench compare` across the two experiments.
+    shown = _dvc("exp", "show", "--json", repo=repo, env=env)
+    assert '"verdict": "baseline"' in shown and '"speedup_vs_fp32"' in shown
+    from ampbench.experiments import compare_revisions, markdown
+
+    result = compare_revisions(["two-epochs", "in-temp"], repo=str(repo))
+    assert result["changed_params"] == {"train.epochs": {"two-epochs": 2, "in-temp": 3}}
+    assert result["arms"]["fp32"]["in-temp"]["verdict"] == "baseline"
+    assert result["arms"]["fp16"]["two-epochs"]["verdict"] == "inconclusive"  # one seed: no interval
+    assert "| train.epochs | 2 | 3 |" in markdown(result)

@@ -42,5 +42,29 @@ def ui(root: Path, experiment: str | None, port: int, host: str, dry_run: bool) 
         os.execv(sys.executable, cmd)
 
 
+@main.command()
+@click.argument("revisions", nargs=-1, required=True)
+@click.option("--repo", default=".", show_default=True, help="DVC project to read the revisions from.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the comparison as JSON to this file.")
+def compare(revisions: tuple[str, ...], repo: str, json_out: Path | None) -> None:
+    """Lay the verdicts of DVC experiments or git revisions side by side.
+
+    REVISIONS: experiment names (see `dvc exp show`), branches, tags, commits, or `workspace`.
+    """
+    import json
+
+    from ampbench.errors import AmpbenchError
+    from ampbench.experiments import compare_revisions, markdown
+
+    try:
+        result = compare_revisions(list(revisions), repo)
+    except AmpbenchError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(markdown(result))
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
 if __name__ == "__main__":
     main()

@@ -1,6 +1,8 @@
-"""Evaluate stage orchestration: every arm vs the fp32 arm of the same seed; reports; MLflow comparison run.
+"""Evaluate stage orchestration: every arm vs the fp32 arm of the same seed; verdicts; reports; MLflow.
 
-The maths lives in evaluation.py, formatting in report.py, MLflow calls in tracking.py.
+The maths lives in evaluation.py and stats.py, formatting in report.py, MLflow calls in tracking.py.
+Outputs: reports/comparison.json (DVC metrics: verdicts, Δ with CI, speed and memory ratios), report.md,
+details.json (every seed), curves.json (DVC plots) and figures/*.png.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from ampbench.models import build_model
 from ampbench.params import BASELINE, Params
 from ampbench.precision import resolve_device, resolve_policy
 from ampbench.runner import HISTORY, SUMMARY
+from ampbench.stats import paired_ci, verdict
 from ampbench.training import predict
 
-# Per-arm columns in reports/metrics.json (means over seeds); reports/details.json has every seed and std.
-HEADLINE_METRICS = ("test_accuracy", "test_accuracy_std", "test_loss", "delta_accuracy_vs_fp32",
-                    "delta_loss_vs_fp32", "agreement_vs_fp32", "kl_vs_fp32", "max_abs_logit_diff_vs_fp32",
-                    "test_accuracy_fp32eval")
+# Fingerprint keys that must match across arms: results from different hardware or software are not compared.
+FINGERPRINT_KEYS = ("device_name", "compute_capability", "cuda_version", "cudnn_version", "torch_version",
+                    "cpu_model", "cpu_16bit_flags")
 
 
 def _log(msg: str) -> None:
@@ -40,11 +42,39 @@ def _load_arm_model(ckpt_path: Path, device: torch.device) -> torch.nn.Module:
     return model.to(device).eval()
 
 
+def check_fingerprints(summaries: dict[str, dict]) -> None:
+    """Refuse to compare arms trained on different hardware or software (one clear message)."""
+    ran = {arm: s["hardware"] for arm, s in summaries.items() if not s["skipped"]}
+    base = ran[BASELINE]
+    for arm, hw in ran.items():
+        diff = [k for k in FINGERPRINT_KEYS if hw.get(k) != base.get(k)]
+        if diff:
+            shown = ", ".join(f"{k}: {base.get(k)!r} vs {hw.get(k)!r}" for k in diff)
+            raise AmpbenchError(f"refusing to compare {arm} with {BASELINE}: they ran on different hardware or "
+                                f"software ({shown}); retrain both on one machine (dvc repro --force)")
+
+
+def paired_statistics(per_seed: dict[int, dict[str, float]], ref_per_seed: dict[int, dict[str, float]],
+                      params: Params) -> dict[str, Any]:
+    """CIs of the paired differences and verdicts for one arm (per_seed: metrics by seed, ref: fp32's)."""
+    ev = params.evaluate
+    seeds = sorted(per_seed)
+    out: dict[str, Any] = {}
+    for key in ("delta_accuracy_vs_fp32", "delta_loss_vs_fp32", "delta_ece_vs_fp32", "agreement_vs_fp32",
+                "kl_vs_fp32"):
+        out[key] = paired_ci([per_seed[s][key] for s in seeds], ev.confidence).to_dict()
+    acc = paired_ci([per_seed[s]["delta_accuracy_vs_fp32"] for s in seeds], ev.confidence)
+    loss = paired_ci([per_seed[s]["delta_loss_vs_fp32"] for s in seeds], ev.confidence)
+    out["verdict"], out["verdict_reason"] = verdict(acc, ev.margin.accuracy_pp / 100, True, " pp", 100)
+    out["loss_verdict"], out["loss_verdict_reason"] = verdict(loss, ev.margin.loss, False, " nats")
+    return out
+
+
 def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir: Path, project_root: Path,
                   tags: dict[str, str]) -> dict[str, Any]:
     """Evaluate every arm on the test split against fp32 of the same seed; write reports; log to MLflow."""
     from ampbench.evaluation import arm_seed_metrics, summarise_seeds
-    from ampbench.report import ArmReport, curve_rows, curves_figure, markdown_table
+    from ampbench.report import ArmReport
 
     tp = params.train
     device = resolve_device(tp.device)
@@ -61,7 +91,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     if summaries[BASELINE]["skipped"] or summaries[BASELINE].get("diverged"):
         why = summaries[BASELINE]["skipped"] or summaries[BASELINE]["diverged"]
         raise AmpbenchError(f"the fp32 baseline has no result to compare against: {why}")
-    fingerprints = {arm: s["hardware"] for arm, s in summaries.items()}
+    check_fingerprints(summaries)
 
     # Logits per arm and seed: in the arm's own precision, and the same weights in strict fp32.
     reports: list[ArmReport] = []
@@ -84,74 +114,125 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             f32 = predict(model.float(), test.x, fp32, params.evaluate.batch_size)
             if arm == BASELINE:
                 ref[seed] = own
-            per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test.y)
+            per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test.y, params.evaluate.calibration_bins)
         reports.append(ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed,
                                  histories={int(k): v for k, v in histories.items()},
-                                 train={"samples_per_s": s["samples_per_s"], "skipped_steps": s["skipped_steps"],
-                                        "policy": s["policy"]}, ablation=s.get("ablation", False)))
+                                 train={k: s.get(k) for k in ("samples_per_s", "peak_memory_mb", "skipped_steps",
+                                                              "policy")},
+                                 ablation=s.get("ablation", False)))
+    for r in reports:
+        if r.ran:
+            r.stats = paired_statistics(r.per_seed, reports[0].per_seed, params)
 
-    base = reports[0]
-    metrics: dict[str, Any] = {}  # compact: what `dvc metrics show` / `dvc exp show` put in columns
-    details: dict[str, Any] = {}  # everything, per seed
+    comparison, details = _tables(reports)
+    hw = summaries[BASELINE]["hardware"]
+    context = {"dataset": data.meta["dataset"], "model": tp.model, "seeds": tp.seeds, "epochs": tp.epochs,
+               "device_name": hw["device_name"], "margin_pp": params.evaluate.margin.accuracy_pp,
+               "confidence": params.evaluate.confidence}
+    if device.type == "cpu":
+        context["note"] = (
+            f"CPU run. This CPU's 16-bit instructions: {hw['cpu_16bit_flags']}. Without AVX512-BF16/AMX, bf16 "
+            "autocast is emulated, and fp16 autocast on CPU has few fast kernels, so both are often several times "
+            "slower than fp32 here; mixed-precision speed-ups are mainly a GPU tensor-core effect. Memory on CPU is "
+            "the process's peak RSS (imports included). Speeds are reported as measured.")
+    _write_reports(reports, comparison, details, context, reports_dir)
+    _log_evaluation(params, project_root, tags, reports, summaries, comparison, reports_dir)
+    return comparison
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def _tables(reports) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(comparison.json: compact columns for `dvc exp show`, details.json: everything)."""
+    by_arm = {r.arm: r for r in reports}
+    base = by_arm[BASELINE]
+    tf32 = by_arm.get("tf32") if by_arm.get("tf32") and by_arm["tf32"].ran else None
+    comparison: dict[str, Any] = {}
+    details: dict[str, Any] = {}
     for r in reports:
         if not r.ran:
-            metrics[r.arm] = details[r.arm] = {"status": r.status, "reason": r.skipped_reason,
-                                               "ablation": r.ablation}
+            comparison[r.arm] = details[r.arm] = {"status": r.status, "verdict": r.status, "ablation": r.ablation,
+                                                  "reason": r.skipped_reason}
             continue
-        metrics[r.arm] = {
+        st, s, t = r.stats, r.summary, r.train
+        acc, loss = st["delta_accuracy_vs_fp32"], st["delta_loss_vs_fp32"]
+        pp = (lambda x: None if x is None else round(100 * x, 4))
+        row = {
             "status": "ok",
             "ablation": r.ablation,
-            **{k: round(r.summary[k], 6) for k in HEADLINE_METRICS},
-            "samples_per_s": round(r.train["samples_per_s"], 1),
-            "speedup_vs_fp32": round(r.train["samples_per_s"] / base.train["samples_per_s"], 4),
-            "skipped_steps": r.train["skipped_steps"],
+            "verdict": "baseline" if r.arm == BASELINE else st["verdict"],
+            "loss_verdict": "baseline" if r.arm == BASELINE else st["loss_verdict"],
+            "seeds": acc["n"],
+            "test_accuracy": round(s["test_accuracy"], 6),
+            "delta_accuracy_pp": pp(acc["mean"]),
+            "delta_accuracy_pp_ci_low": pp(acc["ci_low"]),
+            "delta_accuracy_pp_ci_high": pp(acc["ci_high"]),
+            "test_loss": round(s["test_loss"], 6),
+            "delta_loss": round(loss["mean"], 6),
+            "delta_loss_ci_low": None if loss["ci_low"] is None else round(loss["ci_low"], 6),
+            "delta_loss_ci_high": None if loss["ci_high"] is None else round(loss["ci_high"], 6),
+            "agreement_vs_fp32": round(s["agreement_vs_fp32"], 6),
+            "kl_vs_fp32": round(s["kl_vs_fp32"], 8),
+            "max_abs_logit_diff_vs_fp32": round(s["max_abs_logit_diff_vs_fp32"], 6),
+            "ece": round(s["test_ece"], 6),
+            "delta_ece": round(s["delta_ece_vs_fp32"], 6),
+            "samples_per_s": round(t["samples_per_s"], 1),
+            "speedup_vs_fp32": _ratio(t["samples_per_s"], base.train["samples_per_s"]),
+            "peak_memory_mb": round(t["peak_memory_mb"], 1),
+            "memory_vs_fp32": _ratio(t["peak_memory_mb"], base.train["peak_memory_mb"]),
+            "skipped_steps": t["skipped_steps"],
         }
-        details[r.arm] = {"status": "ok", "mean_and_std": r.summary, "per_seed": r.per_seed, "train": r.train}
-    context = {"dataset": data.meta["dataset"], "model": tp.model, "seeds": tp.seeds, "epochs": tp.epochs,
-               "device_name": fingerprints[BASELINE]["device_name"]}
-    if device.type == "cpu":
-        flags = fingerprints[BASELINE]["cpu_16bit_flags"]
-        context["note"] = (
-            f"CPU run. This CPU's 16-bit instructions: {flags}. Without AVX512-BF16/AMX, bf16 autocast is emulated, "
-            "and fp16 autocast on CPU has few fast kernels, so both are often several times slower than fp32 here; "
-            "mixed-precision speed-ups are mainly a GPU tensor-core effect. Speeds are reported as measured.")
-    table = markdown_table(reports, context)
+        if tf32 is not None:
+            row["speedup_vs_tf32"] = _ratio(t["samples_per_s"], tf32.train["samples_per_s"])
+            row["memory_vs_tf32"] = _ratio(t["peak_memory_mb"], tf32.train["peak_memory_mb"])
+        comparison[r.arm] = {k: v for k, v in row.items() if v is not None}
+        details[r.arm] = {**row, "statistics": st, "mean_and_std": s, "per_seed": r.per_seed, "train": t}
+    return comparison, details
+
+
+def _write_reports(reports, comparison, details, context, reports_dir: Path) -> None:
+    from ampbench.report import accuracy_delta_figure, curve_rows, curves_figure, markdown_report, speed_memory_figure
 
     reports_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(reports_dir / "metrics.json", metrics)
+    atomic_write_json(reports_dir / "comparison.json", comparison)
     atomic_write_json(reports_dir / "details.json", details)
     atomic_write_json(reports_dir / "curves.json", curve_rows(reports))
-    atomic_write_text(reports_dir / "comparison.md", table)
-    fig = curves_figure(reports)
-    atomic_savefig(fig, reports_dir / "figures" / "curves.png")
+    atomic_write_text(reports_dir / "report.md", markdown_report(reports, comparison, context))
+    figures = reports_dir / "figures"
+    atomic_savefig(curves_figure(reports), figures / "curves.png")
+    atomic_savefig(accuracy_delta_figure(reports, context["margin_pp"]), figures / "accuracy_delta.png")
+    atomic_savefig(speed_memory_figure(comparison), figures / "speed_memory.png")
 
-    _log_evaluation(params, project_root, tags, reports, summaries, metrics, reports_dir)
-    return metrics
 
-
-def _log_evaluation(params, project_root, tags, reports, summaries, metrics, reports_dir) -> None:
-    """Test metrics onto each arm's run; one comparison run holding the table, figures and all metrics."""
+def _log_evaluation(params, project_root, tags, reports, summaries, comparison, reports_dir) -> None:
+    """Test metrics and the arm's verdict onto each arm's runs; one comparison run with the report."""
     tracking.setup(project_root, params.mlflow.experiment)
     for r in reports:
         if not r.ran:
             continue
+        arm_row = comparison[r.arm]
+        arm_metrics = {f"arm.{k}": v for k, v in arm_row.items() if isinstance(v, (int, float))
+                       and not isinstance(v, bool)}
+        arm_tags = {"evaluated": "true", "verdict": arm_row["verdict"], "loss_verdict": arm_row["loss_verdict"]}
+        if r.arm != BASELINE:
+            arm_tags["verdict_reason"] = r.stats["verdict_reason"]
         for seed, m in r.per_seed.items():
             run_id = summaries[r.arm]["seeds"][str(seed)]["run_id"]
             if tracking.run_exists(run_id):
-                tracking.update_run(run_id, m, {"evaluated": "true"})
+                tracking.update_run(run_id, {**m, **arm_metrics}, arm_tags)
             else:
                 _log(f"[{r.arm}] seed {seed}: run {run_id} is not in this MLflow store; test metrics not attached")
-    flat = {}
-    for arm, m in metrics.items():
-        for k, v in m.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                flat[f"{arm}.{k}"] = v
-    skipped = {f"{r.status}.{r.arm}": r.skipped_reason[:5000] for r in reports if not r.ran}
+    flat = {f"{arm}.{k}": v for arm, row in comparison.items() for k, v in row.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
     ctags = {**tags, "ampbench.role": "comparison", "arms": ",".join(params.train.precisions),
-             "seeds": ",".join(map(str, params.train.seeds)), **skipped}
+             "seeds": ",".join(map(str, params.train.seeds)),
+             **{f"verdict.{arm}": row["verdict"] for arm, row in comparison.items()},
+             **{f"{r.status}.{r.arm}": r.skipped_reason[:5000] for r in reports if not r.ran}}
     with tracking.run("comparison" + (f"-{tags['dvc_exp_name']}" if "dvc_exp_name" in tags else ""), ctags,
                       tracking.flatten("", params.model_dump())):
         tracking.log_metrics(flat)
-        tracking.log_artifacts([reports_dir / "comparison.md", reports_dir / "metrics.json", reports_dir / "details.json",
-                                reports_dir / "curves.json"])
+        tracking.log_artifacts([reports_dir / "report.md", reports_dir / "comparison.json",
+                                reports_dir / "details.json", reports_dir / "curves.json"])
         tracking.log_artifacts([reports_dir / "figures"], artifact_path="figures")

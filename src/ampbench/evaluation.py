@@ -35,14 +35,18 @@ def compare_to_reference(logits: torch.Tensor, ref_logits: torch.Tensor) -> dict
     }
 
 
-def arm_seed_metrics(own: torch.Tensor, fp32eval: torch.Tensor, ref: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+def arm_seed_metrics(own: torch.Tensor, fp32eval: torch.Tensor, ref: torch.Tensor, y: torch.Tensor,
+                     calibration_bins: int = 15) -> dict[str, float]:
     """All test metrics of one arm and seed.
 
     own: the arm's logits evaluated in its own precision; fp32eval: the same weights evaluated in strict fp32;
     ref: the fp32 arm's logits (same seed). Δ are arm − fp32, so a negative Δaccuracy means the arm is worse.
     """
+    from ampbench.stats import expected_calibration_error
+
     m_own, m_f32, m_ref = (classification_metrics(t, y) for t in (own, fp32eval, ref))
     cmp = compare_to_reference(own, ref)
+    ece, ece_ref = (expected_calibration_error(F.softmax(t, dim=1), y, calibration_bins) for t in (own, ref))
     return {
         "test_accuracy": m_own["accuracy"],
         "test_loss": m_own["loss"],
@@ -53,6 +57,8 @@ def arm_seed_metrics(own: torch.Tensor, fp32eval: torch.Tensor, ref: torch.Tenso
         "agreement_vs_fp32": cmp["agreement"],
         "kl_vs_fp32": cmp["kl"],
         "max_abs_logit_diff_vs_fp32": cmp["max_abs_logit_diff"],
+        "test_ece": ece,
+        "delta_ece_vs_fp32": ece - ece_ref,
     }
 
 

@@ -53,3 +53,20 @@ def fingerprint(device: torch.device) -> dict[str, str]:
     else:
         info["device_name"] = f"CPU: {info['cpu_model']}"
     return info
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a fresh peak-memory measurement (CUDA only; CPU peak RSS cannot be reset)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> dict[str, float]:
+    """Peak memory since ``reset_peak_memory``: CUDA allocated and reserved; on CPU the process's peak RSS
+    (since start, imports included, so it separates arms only when they differ by more than the baseline)."""
+    if device.type == "cuda":
+        return {"peak_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+                "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
+    import resource
+
+    return {"peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # KiB on Linux

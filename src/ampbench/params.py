@@ -90,8 +90,18 @@ class TrainParams(_Section):
         return value
 
 
+class MarginParams(_Section):
+    """Equivalence margins: a difference whose whole 95% CI lies within ±margin counts as equivalent."""
+
+    accuracy_pp: float = Field(0.5, ge=0, description="test accuracy, percentage points")
+    loss: float = Field(0.02, ge=0, description="test cross-entropy, nats")
+
+
 class EvaluateParams(_Section):
     batch_size: int = Field(1024, ge=1)
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+    calibration_bins: int = Field(15, ge=2)
+    margin: MarginParams = MarginParams()
 
 
 class MlflowParams(_Section):

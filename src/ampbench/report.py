@@ -25,7 +25,8 @@ class ArmReport:
     summary: dict[str, float] = field(default_factory=dict)
     per_seed: dict[int, dict[str, float]] = field(default_factory=dict)
     histories: dict[int, list[dict[str, float]]] = field(default_factory=dict)
-    train: dict[str, Any] = field(default_factory=dict)  # samples_per_s, skipped_steps, what ran
+    train: dict[str, Any] = field(default_factory=dict)  # samples_per_s, peak memory, skipped_steps, what ran
+    stats: dict[str, Any] = field(default_factory=dict)  # paired CIs and verdicts vs fp32
 
     @property
     def ran(self) -> bool:
@@ -43,41 +44,51 @@ def curve_rows(arms: list[ArmReport]) -> list[dict[str, Any]]:
     return rows
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.2f}%"
+def _fmt(x, spec: str, suffix: str = "") -> str:
+    return "n/a" if x is None else f"{x:{spec}}{suffix}"
 
 
-def markdown_table(arms: list[ArmReport], context: dict[str, Any]) -> str:
-    """The comparison a person reads first: one row per arm, fp32 first, means over seeds (± std)."""
+def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> str:
+    """The table a person reads first (arm, Δaccuracy with CI, verdict, speed ×, memory ×, skipped steps),
+    then the reasons for each verdict and what ran."""
     seeds = context.get("seeds", [])
+    conf = int(round(100 * context.get("confidence", 0.95)))
     lines = [
-        f"# ampbench: mixed precision vs strict fp32",
+        "# ampbench: mixed precision vs strict fp32",
         "",
         f"Data `{context.get('dataset')}`, model `{context.get('model')}`, device `{context.get('device_name')}`, "
-        f"{len(seeds)} seed(s) {seeds}, {context.get('epochs')} epoch(s). Test split, means over seeds (± std). "
-        "Δ = arm − fp32 of the same seed; agreement, KL and max |Δlogit| compare each arm's test predictions "
-        "with fp32's.",
+        f"{len(seeds)} seed(s) {seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same "
+        f"seed, mean over seeds with its {conf}% Student-t interval. Verdict: *equivalent* when the whole interval "
+        f"lies within ±{context.get('margin_pp')} pp, *worse*/*better* when wholly outside, else *inconclusive*.",
         "",
-        "| arm | test accuracy | Δaccuracy vs fp32 (pp) | test loss | agreement | KL(fp32‖arm) | max abs Δlogit "
-        "| samples/s | speed × fp32 | skipped steps |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| arm | verdict | Δaccuracy, pp [{conf}% CI] | test accuracy | Δloss | agreement | KL(fp32‖arm) "
+        "| ΔECE | speed × fp32 | speed × tf32 | memory × fp32 | skipped steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    base = next((a for a in arms if a.arm == "fp32" and a.ran), None)
-    base_rate = base.train.get("samples_per_s") if base else None
     for a in arms:
         name = f"{a.arm} (ablation)" if a.ablation else a.arm
         if not a.ran:
-            lines.append(f"| {name} | **{a.status}**: {a.skipped_reason} | | | | | | | | |")
+            lines.append(f"| {name} | **{a.status}** | {a.skipped_reason} | | | | | | | | | |")
             continue
-        s = a.summary
-        rate = a.train.get("samples_per_s", float("nan"))
-        speed = f"{rate / base_rate:.2f}×" if base_rate else "n/a"
-        delta = "—" if a.arm == "fp32" else f"{100 * s['delta_accuracy_vs_fp32']:+.2f} ± {100 * s['delta_accuracy_vs_fp32_std']:.2f}"
+        c = comparison[a.arm]
+        ci = ("" if c.get("delta_accuracy_pp_ci_low") is None
+              else f" [{c['delta_accuracy_pp_ci_low']:+.2f}, {c['delta_accuracy_pp_ci_high']:+.2f}]")
+        delta = "—" if a.arm == "fp32" else f"{c['delta_accuracy_pp']:+.2f}{ci}"
         lines.append(
-            f"| {name} | {_pct(s['test_accuracy'])} ± {100 * s['test_accuracy_std']:.2f} | {delta} "
-            f"| {s['test_loss']:.4f} | {_pct(s['agreement_vs_fp32'])} | {s['kl_vs_fp32']:.2e} "
-            f"| {s['max_abs_logit_diff_vs_fp32']:.3g} | {rate:,.0f} | {speed} | {a.train.get('skipped_steps', 0)} |"
-        )
+            f"| {name} | **{c['verdict']}** | {delta} | {100 * c['test_accuracy']:.2f}% | {c['delta_loss']:+.4f} "
+            f"| {100 * c['agreement_vs_fp32']:.2f}% | {c['kl_vs_fp32']:.2e} | {c['delta_ece']:+.4f} "
+            f"| {_fmt(c.get('speedup_vs_fp32'), '.2f', '×')} | {_fmt(c.get('speedup_vs_tf32'), '.2f', '×')} "
+            f"| {_fmt(c.get('memory_vs_fp32'), '.2f', '×')} | {c['skipped_steps']} |")
+    lines += ["", "Why each verdict:", ""]
+    for a in arms:
+        if a.ran and a.arm != "fp32":
+            lines.append(f"- **{a.arm}**: {a.stats['verdict']}: {a.stats['verdict_reason']}. "
+                         f"Loss: {a.stats['loss_verdict']}: {a.stats['loss_verdict_reason']}.")
+    lines += ["", "Throughput (median over timing windows after warm-up) and peak memory:", ""]
+    for a in arms:
+        if a.ran:
+            c = comparison[a.arm]
+            lines.append(f"- **{a.arm}**: {c['samples_per_s']:,.0f} samples/s, peak memory {c['peak_memory_mb']:,.0f} MB")
     lines += ["", "What ran per arm (read back from torch):", ""]
     for a in arms:
         if a.ran:
@@ -88,13 +99,61 @@ def markdown_table(arms: list[ArmReport], context: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def curves_figure(arms: list[ArmReport]):
-    """One figure, four panels (train loss, val loss, val accuracy, loss scale) with every arm and seed."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def accuracy_delta_figure(arms: list[ArmReport], margin_pp: float):
+    """Δaccuracy vs fp32 per arm (pp) with its confidence interval, and the equivalence margin shaded."""
+    plt = _pyplot()
+    ran = [a for a in arms if a.ran and a.arm != "fp32"]
+    fig, ax = plt.subplots(figsize=(7, 0.6 * max(len(ran), 1) + 1.6))
+    ax.axvspan(-margin_pp, margin_pp, color="tab:green", alpha=0.12, label=f"±{margin_pp} pp margin")
+    ax.axvline(0, color="grey", lw=0.8)
+    for i, a in enumerate(ran):
+        acc = a.stats["delta_accuracy_vs_fp32"]
+        mean = 100 * acc["mean"]
+        if acc["ci_low"] is not None:
+            lo, hi = 100 * acc["ci_low"], 100 * acc["ci_high"]
+            ax.errorbar(mean, i, xerr=[[mean - lo], [hi - mean]], fmt="o", capsize=4)
+        else:
+            ax.plot(mean, i, "o")
+        ax.annotate(a.stats["verdict"], (mean, i), textcoords="offset points", xytext=(0, 8), ha="center",
+                    fontsize=8)
+    ax.set_yticks(range(len(ran)), [a.arm for a in ran])
+    ax.set_ylim(-0.7, len(ran) - 0.3)
+    ax.set_xlabel("Δ test accuracy vs fp32 (percentage points), mean and CI over seeds")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def speed_memory_figure(comparison: dict[str, dict]):
+    """Throughput and peak memory per arm, as ratios to fp32."""
+    plt = _pyplot()
+    arms = [a for a, c in comparison.items() if c["status"] == "ok"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, title in ((axes[0], "speedup_vs_fp32", "throughput × fp32"),
+                           (axes[1], "memory_vs_fp32", "peak memory × fp32")):
+        values = [comparison[a].get(key) or 0 for a in arms]
+        ax.bar(arms, values, color=["tab:grey" if a == "fp32" else "tab:blue" for a in arms])
+        ax.axhline(1, color="black", lw=0.8)
+        for i, v in enumerate(values):
+            ax.annotate(f"{v:.2f}×", (i, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+        ax.set_title(title)
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    return fig
+
+
+def curves_figure(arms: list[ArmReport]):
+    """One figure, four panels (train loss, val loss, val accuracy, loss scale) with every arm and seed."""
+    plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, a in enumerate(x for x in arms if x.ran):

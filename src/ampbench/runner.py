@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from ampbench.data import Prepared, load_prepared
 from ampbench.determinism import seed_everything, set_deterministic
 from ampbench.errors import ArmUnavailable
 from ampbench.fileio import atomic_write_json
-from ampbench.hardware import fingerprint
+from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.models import build_model
 from ampbench.params import Params
 from ampbench.precision import PrecisionPolicy, cudnn_legacy_flags_readable, resolve_device, resolve_policy
@@ -97,7 +98,9 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         "policy": policy.describe(),
         "hardware": fingerprint(device),
         "seeds": {seed: {k: v for k, v in s.items() if k != "history"} for seed, s in seeds.items()},
-        "samples_per_s": sum(s["train_samples_per_s"] for s in ok) / len(ok) if ok else None,
+        # Per arm: median over seeds of each seed's median window throughput; the largest peak memory.
+        "samples_per_s": statistics.median(s["train_samples_per_s"] for s in ok) if ok else None,
+        "peak_memory_mb": max(s["peak_memory_mb"] for s in ok) if ok else None,
         "skipped_steps": sum(s["skipped_steps_total"] for s in ok),
     }
     atomic_write_json(out_dir / HISTORY, {seed: s["history"] for seed, s in seeds.items()})
@@ -124,10 +127,12 @@ def _train_seed(arm: str, seed: int, policy: PrecisionPolicy, params: Params, da
     state = init_state(model, policy, cfg, device)
     history: list[dict] = []
     layers: list[dict] = []
+    windows: list[float] = []  # throughput of each timing window, samples/s
     run_id = None
     if prior is not None:
         checkpoint.restore(state, prior)
-        history, layers, run_id = prior["meta"]["history"], prior["meta"]["layers"], prior["meta"]["run_id"]
+        pm = prior["meta"]
+        history, layers, windows, run_id = pm["history"], pm["layers"], pm["windows"], pm["run_id"]
         _log(f"[{arm}] seed {seed}: resuming after epoch {state.epoch} of {cfg.epochs}")
 
     what_ran = policy.describe()
@@ -143,28 +148,31 @@ def _train_seed(arm: str, seed: int, policy: PrecisionPolicy, params: Params, da
 
     def on_epoch(row: dict, st) -> None:
         layers.append(row.pop("layers"))
+        windows.extend(row.pop("windows"))
         tracking.log_epoch(row)  # before the checkpoint: a crash in between repeats the epoch, losing nothing
         row.pop("steps")
         history.append(row)
-        checkpoint.save(st, {**meta, "history": history, "layers": layers, "run_id": run_id, "done": False},
-                        resume_path)
+        checkpoint.save(st, {**meta, "history": history, "layers": layers, "windows": windows, "run_id": run_id,
+                             "done": False}, resume_path)
 
     try:
         with tracking.run(f"{arm}-seed{seed}", run_tags, run_params, run_id=run_id) as run_id:
             if prior is None:
                 tracking.log_dataset(data.meta, data_dir)
+            reset_peak_memory(device)
             fit(state, data.train.to(device), data.val.to(device), policy, cfg, on_epoch=on_epoch)
-            result = TrainResult(history=history)  # whole run, resumed epochs included
+            result = TrainResult(history=history, windows=windows)  # whole run, resumed epochs included
             record = {"run_id": run_id, "diverged": None, "checkpoint": f"seed{seed}.pt",
-                      "train_samples_per_s": result.samples_per_s,
+                      "train_samples_per_s": result.samples_per_s, "timing_windows": len(windows),
+                      **peak_memory_mb(device),
                       "train_seconds": sum(r["epoch_seconds"] for r in history),
                       "skipped_steps_total": result.skipped_steps, "final": history[-1], "model_uri": None}
             final = out_dir / f"seed{seed}.pt"
             checkpoint.save(state, meta, final)
             atomic_write_json(out_dir / f"history-seed{seed}.json", history)
             atomic_write_json(out_dir / f"grad_layers-seed{seed}.json", layers)
-            tracking.log_metrics({k: record[k] for k in ("train_samples_per_s", "train_seconds",
-                                                         "skipped_steps_total")})
+            tracking.log_metrics({k: v for k, v in record.items() if k in (
+                "train_samples_per_s", "train_seconds", "skipped_steps_total", "peak_memory_mb", "peak_reserved_mb")})
             tracking.log_artifacts([final, out_dir / f"history-seed{seed}.json",
                                     out_dir / f"grad_layers-seed{seed}.json"])
             if params.mlflow.log_model:
@@ -175,8 +183,8 @@ def _train_seed(arm: str, seed: int, policy: PrecisionPolicy, params: Params, da
         _log(f"[{arm}] seed {seed}: DIVERGED: {exc}")
         record = {"run_id": run_id, "diverged": str(exc)}
     record["history"] = history
-    checkpoint.save(state, {**meta, "history": history, "layers": layers, "run_id": run_id, "done": True,
-                            "record": record}, resume_path)
+    checkpoint.save(state, {**meta, "history": history, "layers": layers, "windows": windows, "run_id": run_id,
+                            "done": True, "record": record}, resume_path)
     if not record["diverged"]:
         _log(f"[{arm}] seed {seed}: val_accuracy {history[-1]['val_accuracy']:.4f}, "
              f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")

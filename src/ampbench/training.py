@@ -48,6 +48,8 @@ class TrainConfig:
     scaler_settings: dict = field(default_factory=dict)  # GradScaler init_scale, growth_factor, ...
     min_loss_scale: float = 1.0  # divergence: loss scale below this
     max_consecutive_skips: int = 50  # divergence: this many skipped steps in a row
+    warmup_steps: int = 5  # steps excluded from throughput timing (allocator, autotuning, caches)
+    timing_window: int = 10  # steps per throughput window; each window boundary syncs with the device once
 
 
 @dataclass
@@ -69,9 +71,14 @@ class TrainResult:
     layers: list[dict[str, dict[str, float]]] = field(default_factory=list)  # per epoch: per-parameter telemetry
     seconds: float = 0.0
 
+    windows: list[float] = field(default_factory=list)  # samples/s of each timing window after warm-up
+
     @property
     def samples_per_s(self) -> float:
-        """Median training throughput over epochs, the first (warm-up) excluded when there are others."""
+        """Median throughput over timing windows after warm-up; falls back to per-epoch rates (first epoch
+        excluded) when the run was too short for a single window."""
+        if self.windows:
+            return statistics.median(self.windows)
         rates = [row["samples_per_s"] for row in self.history]
         return statistics.median(rates[1:] if len(rates) > 1 else rates)
 
@@ -168,7 +175,8 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
     """Train ``state.model`` from ``state.epoch`` to ``cfg.epochs``; call ``on_epoch(row, state)`` after each.
 
     ``row`` holds the epoch's metrics and, under ``"steps"``, rows sampled every ``cfg.telemetry_every`` steps
-    (global step, loss, loss scale, skipped steps so far), under ``"layers"`` the per-parameter telemetry. A resumed run passes a state restored from a
+    (global step, loss, loss scale, skipped steps so far), under ``"layers"`` the per-parameter telemetry,
+    under ``"windows"`` the throughput (samples/s) of each timing window after warm-up. A resumed run passes a state restored from a
     checkpoint (``state.epoch`` > 0) and continues exactly where it stopped.
 
     ``train`` and ``val`` must already be on the model's device.
@@ -195,7 +203,10 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         bar = tqdm(total=len(train), unit="sample", unit_scale=True, leave=False,
                    disable=None if cfg.progress else True,  # None: only when attached to a terminal
                    desc=f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}")
-        t0 = time.perf_counter()
+        _sync(device)
+        t0 = window_t0 = time.perf_counter()
+        window_steps = window_samples = 0
+        windows: list[float] = []
         for idx in _batches(len(train), cfg.batch_size, state.generator, device):
             x, y = train_x[idx], train.y[idx]
             scale_before = _scale_tensor(state.scaler)
@@ -213,14 +224,21 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             steps += 1
             state.step += 1
             bar.update(len(idx))
+            window_steps += 1
+            window_samples += len(idx)
+            if window_steps == cfg.timing_window:  # windows never span an epoch boundary (validation)
+                _sync(device)
+                now = time.perf_counter()
+                if state.step - window_steps >= cfg.warmup_steps:
+                    windows.append(window_samples / (now - window_t0))
+                window_t0, window_steps, window_samples = now, 0, 0
             if cfg.progress and steps % cfg.log_every == 0:
                 bar.set_postfix(loss=f"{loss.item():.4f}")
             if sample:
                 _check_divergence(policy, state.scaler, loss_sum, longest_skips, cfg, epoch, steps)
                 step_rows.append({"step": state.step, "loss": loss.item(), "skipped_in_epoch": int(skipped.item()),
                                   "loss_scale": state.scaler.get_scale() if state.scaler.is_enabled() else 1.0})
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # time the work, not the queueing
+        _sync(device)  # time the work, not the queueing
         train_seconds = time.perf_counter() - t0
         n_skipped = int(skipped.item())
         if n_skipped < steps:  # the LR schedule advances only when the optimizer really stepped
@@ -247,10 +265,16 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         bar.close()
         result.history.append(row)
         result.layers.append(layers)
+        result.windows += windows
         if on_epoch is not None:
-            on_epoch({**row, "steps": step_rows, "layers": layers}, state)
+            on_epoch({**row, "steps": step_rows, "layers": layers, "windows": windows}, state)
     result.seconds = time.perf_counter() - start_all
     return result
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _check_divergence(policy: PrecisionPolicy, scaler, loss_sum: torch.Tensor, longest_skips: torch.Tensor,
