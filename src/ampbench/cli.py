@@ -42,6 +42,15 @@ def ui(root: Path, experiment: str | None, port: int, host: str, dry_run: bool) 
         os.execv(sys.executable, cmd)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []}, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args: tuple[str, ...]) -> None:
+    """Pipeline loop vs the tutorial's bare loop, and every arm vs fp32/tf32 (run `ampbench bench --help`)."""
+    from ampbench.bench import main as bench_main
+
+    raise SystemExit(bench_main(list(args)))
+
+
 @main.command()
 @click.argument("revisions", nargs=-1, required=True)
 @click.option("--repo", default=".", show_default=True, help="DVC project to read the revisions from.")

@@ -10,13 +10,15 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ampbench.errors import DataError
-from ampbench.fileio import atomic_write_text, atomic_torch_save
-from ampbench.params import PrepareParams
+from ampbench.fileio import atomic_torch_save, atomic_write_text
+
+if TYPE_CHECKING:  # params needs pydantic; the bench must run where only torch is installed
+    from ampbench.params import PrepareParams
 
 SPLITS = ("train", "val", "test")
 

@@ -19,8 +19,8 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def set_deterministic(enabled: bool) -> None:
-    """Deterministic kernels on or off; cuDNN autotuning off when on (it picks kernels by timing)."""
+def set_deterministic(enabled: bool, cudnn_benchmark: bool = False) -> None:
+    """Deterministic kernels on or off; cuDNN autotuning (which picks kernels by timing) only when off."""
     torch.use_deterministic_algorithms(enabled, warn_only=False)
     torch.backends.cudnn.deterministic = enabled
-    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.benchmark = cudnn_benchmark and not enabled

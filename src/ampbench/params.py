@@ -79,8 +79,18 @@ class TrainParams(_Section):
     clip_grad_norm: float | None = Field(None, gt=0, description="clip the true (unscaled) gradient norm")
     telemetry_every: int = Field(10, ge=1, description="steps between gradient underflow/overflow samples")
     loss_multiplier: float = Field(1.0, gt=0, description="< 1 pushes gradients toward fp16's underflow range")
+    channels_last: bool = Field(False, description="channels_last memory format (faster convs on tensor cores)")
+    compile: bool = Field(False, description="torch.compile the model; compile time is reported separately")
+    cudnn_benchmark: bool = Field(False, description="let cuDNN time kernels and pick the fastest (not deterministic)")
     grad_scaler: GradScalerParams = GradScalerParams()
     divergence: DivergenceParams = DivergenceParams()
+
+    @model_validator(mode="after")
+    def _benchmark_needs_nondeterminism(self) -> TrainParams:
+        if self.cudnn_benchmark and self.deterministic:
+            raise ValueError("cudnn_benchmark picks kernels by timing, which is not deterministic: "
+                             "set train.deterministic: false to use it")
+        return self
 
     @field_validator("precisions", "seeds")
     @classmethod
@@ -142,8 +152,10 @@ def validate(raw: dict[str, Any]) -> Params:
     except ValidationError as exc:
         errors = exc.errors()
         first = errors[0]
-        if not first["loc"]:  # model-level check: attribute it to the key it is about
+        if not first["loc"]:  # whole-file check: attribute it to the key it is about
             first = {**first, "loc": ("train", "precisions")}
+        elif first["loc"] == ("train",) and first["type"] == "value_error":
+            first = {**first, "loc": ("train", "cudnn_benchmark")}
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ParamsError(_describe(first) + more) from None
 

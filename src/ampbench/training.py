@@ -8,6 +8,7 @@ by indexing; running sums stay on the device and are read once per epoch (no per
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class TrainConfig:
     max_consecutive_skips: int = 50  # divergence: this many skipped steps in a row
     warmup_steps: int = 5  # steps excluded from throughput timing (allocator, autotuning, caches)
     timing_window: int = 10  # steps per throughput window; each window boundary syncs with the device once
+    sync_debug: bool = False  # CUDA: raise if a steady-state step (not a sampled one) syncs with the host
 
 
 @dataclass
@@ -181,8 +183,6 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
 
     ``train`` and ``val`` must already be on the model's device.
     """
-    from tqdm.auto import tqdm
-
     model, device = state.model, train.x.device
     train_x = policy.cast_input(train.x)  # once, not per step (a no-op unless a *_pure ablation)
     probe = GradProbe(model, device)
@@ -200,26 +200,25 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         longest_skips = torch.zeros((), device=device, dtype=torch.int64)
         seen = steps = 0
         step_rows: list[dict[str, float]] = []
-        bar = tqdm(total=len(train), unit="sample", unit_scale=True, leave=False,
-                   disable=None if cfg.progress else True,  # None: only when attached to a terminal
-                   desc=f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}")
+        bar = _progress_bar(cfg, len(train), f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}")
         _sync(device)
         t0 = window_t0 = time.perf_counter()
         window_steps = window_samples = 0
         windows: list[float] = []
         for idx in _batches(len(train), cfg.batch_size, state.generator, device):
-            x, y = train_x[idx], train.y[idx]
-            scale_before = _scale_tensor(state.scaler)
             sample = steps % cfg.telemetry_every == 0
-            loss, logits = train_step(model, state.optimizer, state.scaler, policy, x, y, cfg.clip_grad_norm,
-                                      probe if sample else None, cfg.loss_multiplier)
-            if scale_before is not None:  # the scaler lowers its scale exactly when it skipped the step
-                was_skipped = (_scale_tensor(state.scaler) < scale_before).long()
-                skipped += was_skipped
-                run_of_skips = (run_of_skips + was_skipped) * was_skipped
-                longest_skips = torch.maximum(longest_skips, run_of_skips)
-            loss_sum += loss.detach().float() * len(idx)
-            correct += (logits.argmax(dim=1) == y).sum()
+            with _sync_guard(cfg.sync_debug and not sample and device.type == "cuda"):
+                x, y = train_x[idx], train.y[idx]
+                scale_before = _scale_tensor(state.scaler)
+                loss, logits = train_step(model, state.optimizer, state.scaler, policy, x, y, cfg.clip_grad_norm,
+                                          probe if sample else None, cfg.loss_multiplier)
+                if scale_before is not None:  # the scaler lowers its scale exactly when it skipped the step
+                    was_skipped = (_scale_tensor(state.scaler) < scale_before).long()
+                    skipped += was_skipped
+                    run_of_skips = (run_of_skips + was_skipped) * was_skipped
+                    longest_skips = torch.maximum(longest_skips, run_of_skips)
+                loss_sum += loss.detach().float() * len(idx)
+                correct += (logits.argmax(dim=1) == y).sum()
             seen += len(idx)
             steps += 1
             state.step += 1
@@ -270,6 +269,37 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             on_epoch({**row, "steps": step_rows, "layers": layers, "windows": windows}, state)
     result.seconds = time.perf_counter() - start_all
     return result
+
+
+class _NoBar:
+    """Stands in for tqdm when progress is off (and where tqdm is not installed, e.g. a bare GPU box)."""
+
+    def update(self, n: int) -> None: ...
+    def set_postfix(self, **kw) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress_bar(cfg: TrainConfig, total: int, desc: str):
+    if not cfg.progress:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    # disable=None: draw only when attached to a terminal
+    return tqdm(total=total, unit="sample", unit_scale=True, leave=False, disable=None, desc=desc)
+
+
+@contextlib.contextmanager
+def _sync_guard(enabled: bool):
+    """Make any host-device sync inside the block an error (CUDA's sync debug mode)."""
+    if not enabled:
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 def _sync(device: torch.device) -> None:

@@ -1,0 +1,130 @@
+"""``ampbench bench``: is the pipeline's loop as fast as the tutorial's bare loop, and what does each arm buy?
+
+Needs only torch and torchvision (a GPU box often has nothing else): run it as ``python -m ampbench.bench``
+with ``src/`` on PYTHONPATH, or as ``ampbench bench``. Everything is measured in one process, A/B interleaved
+round by round, after warm-up, as medians over timing windows with device synchronisation at window edges.
+It prints a table, writes JSON, and exits non-zero only on an error — never because a number is slow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OVERHEAD_GOAL = 1.03  # pipeline step time / bare loop step time
+LOGGING_GOAL = 0.02  # logging time / training time
+
+
+@dataclass
+class BenchConfig:
+    device: str = "auto"
+    model: str = "small_cnn"
+    width: int = 32
+    image_size: int = 16
+    channels: int = 3
+    classes: int = 10
+    batch_size: int = 128
+    steps: int = 30  # optimizer steps per round (one "epoch" of the pipeline loop)
+    rounds: int = 5  # A/B rounds, interleaved
+    window: int = 10  # steps per timing window
+    warmup_steps: int = 10
+    arms: list[str] = field(default_factory=lambda: ["fp32", "tf32", "fp16", "bf16"])
+    overhead_arms: list[str] = field(default_factory=lambda: ["fp32"])
+    channels_last: bool = False
+    compile: bool = False
+    sync_debug: bool = False  # CUDA only: steady-state steps under torch.cuda.set_sync_debug_mode("error")
+    mlflow: bool = True  # time real MLflow logging (SQLite in a temp dir) when mlflow is installed
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the benchmark (see benchloop.run); torch is imported only now, so --help stays instant."""
+    from ampbench.benchloop import run as run_bench
+
+    return run_bench(cfg)
+
+
+def table(result: dict[str, Any]) -> str:
+    """The human-readable summary of ``run``'s result."""
+    fp = result["fingerprint"]
+    c = result["config"]
+    lines = [f"ampbench bench — {fp['device_name']}, torch {fp['torch_version']}, {result['date']}",
+             f"model {c['model']} on {c['channels']}×{c['image_size']}×{c['image_size']}, batch {c['batch_size']}, "
+             f"{c['rounds']} interleaved rounds × {c['steps']} steps, windows of {c['window']} steps, "
+             f"warm-up {c['warmup_steps']} steps", "",
+             "Loop overhead (pipeline loop vs the tutorial's bare loop; goal ratio ≤ 1.03):"]
+    for arm, o in result["loop_overhead"].items():
+        if "skipped" in o:
+            lines.append(f"  {arm:14s} skipped: {o['skipped']}")
+        else:
+            lines.append(f"  {arm:14s} bare {o['bare_samples_per_s']:10,.0f}/s  pipeline {o['pipeline_samples_per_s']:10,.0f}/s"
+                         f"  ratio {o['ratio']:.3f}  {'OK' if o['meets_goal'] else 'ABOVE GOAL'}")
+    lg = result["logging"]
+    if lg["share"] is not None:
+        lines.append(f"Logging: {lg['seconds'] * 1000:.1f} ms of {lg['train_seconds']:.2f} s training = "
+                     f"{100 * lg['share']:.2f}% ({lg['backend']}; goal ≤ 2%: {'OK' if lg['meets_goal'] else 'ABOVE GOAL'})")
+    lines += ["", f"{'arm':14s} {'samples/s':>12s} {'× fp32':>8s} {'× tf32':>8s} {'peak MB':>9s} {'mem × fp32':>10s}"]
+    for arm, a in result["arms"].items():
+        if "skipped" in a:
+            lines.append(f"{arm:14s} skipped: {a['skipped']}")
+            continue
+        f = (lambda k, spec: "n/a" if a.get(k) is None else format(a[k], spec))
+        lines.append(f"{arm:14s} {f('samples_per_s', ',.0f'):>12s} {f('speedup_vs_fp32', '.2f'):>8s} "
+                     f"{f('speedup_vs_tf32', '.2f'):>8s} {f('peak_memory_mb', ',.0f'):>9s} {f('memory_vs_fp32', '.2f'):>10s}")
+    if "memory_note" in result:
+        lines.append(result["memory_note"])
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = BenchConfig()
+    p = argparse.ArgumentParser(prog="python -m ampbench.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"], help="device to measure on")
+    p.add_argument("--model", default=d.model, choices=["small_cnn", "resnet18", "mlp"], help="model to train")
+    p.add_argument("--width", type=int, default=d.width, help="small_cnn channels / mlp units ÷ 8")
+    p.add_argument("--image-size", type=int, default=d.image_size, help="synthetic image height = width")
+    p.add_argument("--channels", type=int, default=d.channels, help="image channels")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per step")
+    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per round")
+    p.add_argument("--rounds", type=int, default=d.rounds, help="interleaved A/B rounds")
+    p.add_argument("--window", type=int, default=d.window, help="steps per timing window")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="steps excluded from timing")
+    p.add_argument("--arms", default=",".join(d.arms), help="comma-separated arms to compare")
+    p.add_argument("--overhead-arms", default=",".join(d.overhead_arms),
+                   help="arms whose pipeline loop is timed against the bare loop (GPU: all four)")
+    p.add_argument("--channels-last", action="store_true", help="channels_last memory format")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--sync-debug", action="store_true",
+                   help="CUDA: run steady-state steps under torch.cuda.set_sync_debug_mode('error')")
+    p.add_argument("--no-mlflow", action="store_true", help="time JSON logging instead of MLflow")
+    p.add_argument("--json", dest="json_out", type=Path, default=Path("bench.json"), help="where to write JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for name in ("width", "image_size", "channels", "batch_size", "steps", "rounds", "window"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
+    cfg = BenchConfig(device=args.device, model=args.model, width=args.width, image_size=args.image_size,
+                      channels=args.channels, batch_size=args.batch_size, steps=args.steps, rounds=args.rounds,
+                      window=args.window, warmup_steps=args.warmup_steps, arms=args.arms.split(","),
+                      overhead_arms=args.overhead_arms.split(","), channels_last=args.channels_last,
+                      compile=args.compile, sync_debug=args.sync_debug, mlflow=not args.no_mlflow)
+    try:
+        result = run(cfg)
+    except Exception as exc:  # an error, not a slow result: say so and exit non-zero
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(table(result))
+    args.json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"\nJSON: {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The measuring half of ``ampbench bench`` (imports torch): interleaved A/B rounds of the pipeline's loop, the
+tutorial's bare loop and every precision arm. ``bench.py`` holds the CLI and the table.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ampbench.bench import LOGGING_GOAL, OVERHEAD_GOAL, BenchConfig
+from ampbench.data import Split
+from ampbench.errors import ArmUnavailable
+from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
+from ampbench.models import build_model
+from ampbench.precision import resolve_device, resolve_policy
+from ampbench.training import TrainConfig, fit, init_state
+
+
+def _data(cfg: BenchConfig, n: int, device: torch.device, seed: int) -> Split:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, cfg.channels, cfg.image_size, cfg.image_size, generator=g)
+    y = torch.randint(0, cfg.classes, (n,), generator=g)
+    if cfg.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return Split(x, y).to(device)
+
+
+def _model(cfg: BenchConfig, device: torch.device, policy):
+    torch.manual_seed(0)
+    model = build_model(cfg.model, (cfg.channels, cfg.image_size, cfg.image_size), cfg.classes, cfg.width).to(device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model = policy.prepare_model(model)
+    return torch.compile(model) if cfg.compile else model
+
+
+def _train_cfg(cfg: BenchConfig, epochs: int, **kw) -> TrainConfig:
+    return TrainConfig(epochs=epochs, batch_size=cfg.batch_size, lr=1e-3, optimizer="adamw", scheduler="constant",
+                       warmup_steps=cfg.warmup_steps, timing_window=cfg.window, sync_debug=cfg.sync_debug, **kw)
+
+
+class _PipelineArm:
+    """The pipeline's loop (``fit``: telemetry, divergence checks, bookkeeping, per-epoch logging hook on)."""
+
+    def __init__(self, cfg: BenchConfig, arm: str, device: torch.device, train: Split, val: Split,
+                 log_epoch: Callable[[dict], None]):
+        self.policy = resolve_policy(arm, device)
+        self.policy.apply_backend_flags()
+        self.cfg, self.train, self.val, self.log_epoch = cfg, train, val, log_epoch
+        self.state = init_state(_model(cfg, device, self.policy), self.policy, _train_cfg(cfg, 1), device)
+        self.windows: list[float] = []
+        self.seconds = self.logging_seconds = 0.0
+        self.peak: dict[str, float] = {}
+
+    def round(self) -> None:
+        self.policy.apply_backend_flags()
+        tcfg = _train_cfg(self.cfg, self.state.epoch + 1)
+
+        def on_epoch(row: dict, _state) -> None:
+            self.windows.extend(row.pop("windows"))
+            self.seconds += row["epoch_seconds"]
+            t0 = time.perf_counter()
+            self.log_epoch({k: v for k, v in row.items() if k != "layers"})
+            self.logging_seconds += time.perf_counter() - t0
+
+        reset_peak_memory(self.train.x.device)
+        fit(self.state, self.train, self.val, self.policy, tcfg, on_epoch=on_epoch)
+        mem = peak_memory_mb(self.train.x.device)
+        self.peak = {k: max(v, self.peak.get(k, 0.0)) for k, v in mem.items()}
+
+
+class _BareArm:
+    """The tutorial's loop, verbatim: same model, data, optimizer and precision, nothing else."""
+
+    def __init__(self, cfg: BenchConfig, arm: str, device: torch.device, train: Split):
+        self.policy = resolve_policy(arm, device)
+        self.cfg, self.train, self.device = cfg, train, device
+        self.model = _model(cfg, device, self.policy)
+        st = init_state(self.model, self.policy, _train_cfg(cfg, 1), device)  # same optimizer/scaler settings
+        self.optimizer, self.scaler, self.gen = st.optimizer, st.scaler, st.generator
+        self.x = self.policy.cast_input(train.x)
+        self.windows: list[float] = []
+        self.step = 0
+
+    def round(self) -> None:
+        self.policy.apply_backend_flags()
+        n, bs, dev = len(self.train), self.cfg.batch_size, self.device
+        perm = torch.randperm(n, generator=self.gen).to(dev)
+        _sync(dev)
+        t0, in_window, samples = time.perf_counter(), 0, 0
+        for start in range(0, n, bs):
+            idx = perm[start:start + bs]
+            x, y = self.x[idx], self.train.y[idx]
+            self.optimizer.zero_grad()
+            with self.policy.autocast():
+                logits = self.model(x)
+                loss = F.cross_entropy(logits.float(), y)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.step += 1
+            in_window += 1
+            samples += len(idx)
+            if in_window == self.cfg.window:
+                _sync(dev)
+                now = time.perf_counter()
+                if self.step - in_window >= self.cfg.warmup_steps:
+                    self.windows.append(samples / (now - t0))
+                t0, in_window, samples = now, 0, 0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _logger(cfg: BenchConfig, workdir: Path) -> tuple[Callable[[dict], None], str, Callable[[], None]]:
+    """(log_epoch, backend description, close). Real MLflow batching to SQLite when installed, else JSON lines."""
+    if cfg.mlflow:
+        try:
+            import mlflow
+
+            from ampbench import tracking
+        except ImportError:
+            pass
+        else:
+            mlflow.set_tracking_uri(f"sqlite:///{workdir / 'bench.db'}")
+            exp = mlflow.create_experiment("bench", artifact_location=(workdir / "artifacts").as_uri())
+            mlflow.start_run(experiment_id=exp)
+            return tracking.log_epoch, "mlflow (SQLite, one batch per epoch)", mlflow.end_run
+    sink = (workdir / "history.jsonl").open("a")
+    return (lambda row: sink.write(json.dumps(row, default=float) + "\n")), "json lines (mlflow not installed)", sink.close
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the benchmark; return everything measured (also what the table shows)."""
+    device = resolve_device(cfg.device)
+    n = cfg.steps * cfg.batch_size
+    train, val = _data(cfg, n, device, 0), _data(cfg, cfg.batch_size, device, 1)
+    result: dict[str, Any] = {"config": asdict(cfg), "fingerprint": fingerprint(device), "date": time.strftime("%F")}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log_epoch, backend, close = _logger(cfg, Path(tmp))
+        try:
+            # 1. The pipeline's loop vs the bare loop, per overhead arm, interleaved A/B.
+            overhead = {}
+            for arm in cfg.overhead_arms:
+                try:
+                    pipe, bare = _PipelineArm(cfg, arm, device, train, val, log_epoch), _BareArm(cfg, arm, device, train)
+                except ArmUnavailable as exc:
+                    overhead[arm] = {"skipped": str(exc)}
+                    continue
+                for _ in range(cfg.rounds):
+                    bare.round()
+                    pipe.round()
+                b, p = _median(bare.windows), _median(pipe.windows)
+                ratio = b / p if b and p else None
+                overhead[arm] = {"bare_samples_per_s": b, "pipeline_samples_per_s": p, "ratio": ratio,
+                                 "goal": OVERHEAD_GOAL, "meets_goal": ratio is not None and ratio <= OVERHEAD_GOAL,
+                                 "windows": [len(bare.windows), len(pipe.windows)],
+                                 "logging_seconds": pipe.logging_seconds, "train_seconds": pipe.seconds}
+            result["loop_overhead"] = overhead
+            timed = [o for o in overhead.values() if "train_seconds" in o]
+            log_s, train_s = sum(o["logging_seconds"] for o in timed), sum(o["train_seconds"] for o in timed)
+            share = log_s / train_s if train_s else None
+            result["logging"] = {"backend": backend, "seconds": log_s, "train_seconds": train_s, "share": share,
+                                 "goal": LOGGING_GOAL, "meets_goal": share is not None and share <= LOGGING_GOAL}
+
+            # 2. Every arm through the pipeline's loop, interleaved; ratios vs fp32 and tf32.
+            arms: dict[str, Any] = {}
+            runners = {}
+            for arm in cfg.arms:
+                try:
+                    runners[arm] = _PipelineArm(cfg, arm, device, train, val, lambda row: None)
+                except ArmUnavailable as exc:
+                    arms[arm] = {"skipped": str(exc)}
+            for _ in range(cfg.rounds):
+                for runner in runners.values():
+                    runner.round()
+            for arm, r in runners.items():
+                arms[arm] = {"samples_per_s": _median(r.windows), **r.peak}
+            for arm, row in arms.items():
+                for ref in ("fp32", "tf32"):
+                    base = arms.get(ref, {})
+                    if "samples_per_s" in row and base.get("samples_per_s"):
+                        row[f"speedup_vs_{ref}"] = row["samples_per_s"] / base["samples_per_s"]
+                    if device.type == "cuda" and row.get("peak_memory_mb") and base.get("peak_memory_mb"):
+                        row[f"memory_vs_{ref}"] = row["peak_memory_mb"] / base["peak_memory_mb"]
+            result["arms"] = dict(sorted(arms.items(), key=lambda kv: cfg.arms.index(kv[0])))
+            if device.type == "cpu":
+                result["memory_note"] = ("CPU: peak RSS is per process and cannot be attributed to one arm in an "
+                                         "interleaved run; memory ratios are given on CUDA only")
+        finally:
+            close()
+    return result
