@@ -77,6 +77,12 @@ def stage(fn):
                 raise
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except OSError as exc:  # unwritable folder, disk full, …: the file and the reason, no traceback
+            if debug:
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            sys.exit(2)
         except KeyboardInterrupt as exc:
             click.echo(f"interrupted ({exc or 'SIGINT'}); completed outputs are kept", err=True)
             sys.exit(130)

@@ -30,11 +30,11 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
 
     Interrupted? Run it again: it resumes from the last completed epoch.
     """
+    from ampbench.errors import ParamsError
     from ampbench.runner import train_arm
 
     if precision not in params.train.precisions:
-        raise click.BadParameter(f"{precision!r} is not in train.precisions {params.train.precisions}",
-                                 param_hint="--precision")
+        raise ParamsError(f"--precision {precision!r} is not in train.precisions {params.train.precisions}")
     train_arm(precision, params, data_dir, out_dir or Path("models") / precision, project_root(), run_tags(),
               resume_dir=resume_dir or Path(".resume") / precision, code_version=code_version())
 

@@ -45,6 +45,40 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+PROJECT_FILES = ["pipeline", "src", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config", ".dvc/.gitignore",
+                 ".dvc/plots"]
+
+
+def run_ok(cmd: list[str], cwd: Path, env: dict) -> str:
+    """Run a command; fail the test with its output tail if it fails; return stdout + stderr."""
+    import subprocess
+
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+def make_project_repo(repo: Path, params: dict) -> tuple[Path, dict]:
+    """A fresh git + DVC repo holding this project's pipeline and ``params``, committed. Returns (repo, env)."""
+    import shutil
+
+    repo.mkdir(parents=True)
+    for rel in PROJECT_FILES:
+        src, dst = ROOT / rel, repo / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(src, dst)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # stages call `python`
+    run_ok(["git", "init", "-q"], repo, env)
+    run_ok(["git", "add", "-A"], repo, env)
+    run_ok(["git", "commit", "-qm", "tiny pipeline"], repo, env)
+    return repo, env
+
+
 @pytest.fixture
 def tiny_params() -> dict:
     """A deep copy of the tiny params (1 epoch, 1 seed, 240 digits, width 8, CPU)."""

@@ -3,50 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import ROOT, TINY
+from conftest import TINY, make_project_repo, run_ok
 
 pytestmark = pytest.mark.slow
 
-COPY = ["pipeline", "src", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config", ".dvc/.gitignore", ".dvc/plots"]
-
-
-def _sh(cmd: list[str], cwd: Path, env: dict) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout + proc.stderr
-
-
 def _dvc(*args, repo, env):
-    return _sh([sys.executable, "-m", "dvc", *args], repo, env)
+    return run_ok([sys.executable, "-m", "dvc", *args], repo, env)
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     """A fresh git + DVC repo holding this project's pipeline with tiny params, `dvc repro` already run."""
-    repo = tmp_path_factory.mktemp("e2e") / "project"
-    repo.mkdir()
-    for rel in COPY:
-        src, dst = ROOT / rel, repo / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(src, dst)
-    (repo / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # stages call `python`
-    _sh(["git", "init", "-q"], repo, env)
-    _sh(["git", "add", "-A"], repo, env)
-    _sh(["git", "commit", "-qm", "tiny pipeline"], repo, env)
+    repo, env = make_project_repo(tmp_path_factory.mktemp("e2e") / "project", TINY)
     out = _dvc("repro", repo=repo, env=env)
     return repo, env, out
 
@@ -64,9 +37,10 @@ def test_repro_writes_every_output(repo):
     for arm in TINY["train"]["precisions"]:
         assert (repo / "models" / arm / "summary.json").exists()
     shown = json.loads(_dvc("metrics", "show", "--json", repo=repo, env=env))
-    metrics = next(iter(shown.values()))["data"]["reports/comparison.json"]["data"]
-    assert metrics["fp32"]["verdict"] == "baseline"
-    assert set(metrics) == set(TINY["train"]["precisions"])
+    data = next(iter(shown.values()))["data"]
+    metrics, speed = data["reports/comparison.json"]["data"], data["reports/speed.json"]["data"]
+    assert metrics["fp32"]["verdict"] == "baseline" and speed["fp32"]["speedup_vs_fp32"] == 1.0
+    assert set(metrics) == set(TINY["train"]["precisions"]) and set(speed) == {"fp32", "fp16", "bf16"}
     assert metrics["tf32"]["status"] == "skipped"
     for arm in ("fp16", "bf16"):
         assert metrics[arm]["status"] == "ok" and 0 < metrics[arm]["test_accuracy"] <= 1

@@ -30,7 +30,8 @@ def _arm(arm, params, data_dir, root, name):
                      code_version="test")
 
 
-def _interrupt_at_call(monkeypatch, n):
+def _interrupted(monkeypatch, n, *args):
+    """Run _arm(*args) with the n-th epoch log raising KeyboardInterrupt (as our SIGTERM handler does)."""
     real, calls = tracking.log_epoch, {"n": 0}
 
     def flaky(row):
@@ -39,7 +40,10 @@ def _interrupt_at_call(monkeypatch, n):
             raise KeyboardInterrupt("SIGTERM")
         real(row)
 
-    monkeypatch.setattr(tracking, "log_epoch", flaky)
+    with monkeypatch.context() as m:  # undoes only this patch, not the fixture's MLFLOW_TRACKING_URI
+        m.setattr(tracking, "log_epoch", flaky)
+        with pytest.raises(KeyboardInterrupt):
+            _arm(*args)
 
 
 @pytest.mark.parametrize("arm", ["fp32", "fp16"])
@@ -50,10 +54,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(setup, monkeypatch, arm):
     whole = _arm(arm, params, data_dir, root, "whole")
 
     # Seed 0 finishes (4 epochs), seed 1 is interrupted in its 3rd epoch: 4 + 3 = 7th epoch log.
-    _interrupt_at_call(monkeypatch, 7)
-    with pytest.raises(KeyboardInterrupt):
-        _arm(arm, params, data_dir, root, "cut")
-    monkeypatch.undo()
+    _interrupted(monkeypatch, 7, arm, params, data_dir, root, "cut")
     left = checkpoint.load(root / "cut" / ".resume" / arm / "seed1.pt")
     assert left["epoch"] == 2 and left["meta"]["done"] is False
     killed = mlflow.get_run(left["meta"]["run_id"])
@@ -75,10 +76,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(setup, monkeypatch, arm):
 
 def test_resuming_across_precisions_is_refused(setup, monkeypatch):
     params, data_dir, root = setup
-    _interrupt_at_call(monkeypatch, 2)
-    with pytest.raises(KeyboardInterrupt):
-        _arm("fp16", params, data_dir, root, "x")
-    monkeypatch.undo()
+    _interrupted(monkeypatch, 2, "fp16", params, data_dir, root, "x")
     target = root / "x" / ".resume" / "fp32"
     target.mkdir(parents=True)
     (root / "x" / ".resume" / "fp16" / "seed0.pt").rename(target / "seed0.pt")
@@ -88,10 +86,7 @@ def test_resuming_across_precisions_is_refused(setup, monkeypatch):
 
 def test_changed_params_start_over(setup, monkeypatch, tiny_params):
     params, data_dir, root = setup
-    _interrupt_at_call(monkeypatch, 2)
-    with pytest.raises(KeyboardInterrupt):
-        _arm("fp32", params, data_dir, root, "y")
-    monkeypatch.undo()
+    _interrupted(monkeypatch, 2, "fp32", params, data_dir, root, "y")
     changed = validate({**tiny_params, "train": {**params.train.model_dump(), "lr": 0.001}})
     _arm("fp32", changed, data_dir, root, "y")
     history = json.loads((root / "y" / "fp32" / "history-seed0.json").read_text())

@@ -124,7 +124,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
         if r.ran:
             r.stats = paired_statistics(r.per_seed, reports[0].per_seed, params)
 
-    comparison, details = _tables(reports)
+    comparison, speed, details = _tables(reports)
     hw = summaries[BASELINE]["hardware"]
     context = {"dataset": data.meta["dataset"], "model": tp.model, "seeds": tp.seeds, "epochs": tp.epochs,
                "device_name": hw["device_name"], "margin_pp": params.evaluate.margin.accuracy_pp,
@@ -135,8 +135,8 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             "autocast is emulated, and fp16 autocast on CPU has few fast kernels, so both are often several times "
             "slower than fp32 here; mixed-precision speed-ups are mainly a GPU tensor-core effect. Memory on CPU is "
             "the process's peak RSS (imports included). Speeds are reported as measured.")
-    _write_reports(reports, comparison, details, context, reports_dir)
-    _log_evaluation(params, project_root, tags, reports, summaries, comparison, reports_dir)
+    _write_reports(reports, comparison, speed, details, context, reports_dir)
+    _log_evaluation(params, project_root, tags, reports, summaries, comparison, speed, reports_dir)
     return comparison
 
 
@@ -144,12 +144,18 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a and b else None
 
 
-def _tables(reports) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(comparison.json: compact columns for `dvc exp show`, details.json: everything)."""
+def _tables(reports) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(comparison.json, speed.json, details.json).
+
+    comparison.json holds what training deterministically produces (verdicts, Δ with CI, agreement, …), so a
+    fresh clone's `dvc repro` reproduces it exactly on CPU; speed.json holds the timings and memory, which never
+    repeat exactly. Both are DVC metrics (columns in `dvc exp show`); details.json has everything per seed.
+    """
     by_arm = {r.arm: r for r in reports}
     base = by_arm[BASELINE]
     tf32 = by_arm.get("tf32") if by_arm.get("tf32") and by_arm["tf32"].ran else None
     comparison: dict[str, Any] = {}
+    speed: dict[str, Any] = {}
     details: dict[str, Any] = {}
     for r in reports:
         if not r.ran:
@@ -178,41 +184,46 @@ def _tables(reports) -> tuple[dict[str, Any], dict[str, Any]]:
             "max_abs_logit_diff_vs_fp32": round(s["max_abs_logit_diff_vs_fp32"], 6),
             "ece": round(s["test_ece"], 6),
             "delta_ece": round(s["delta_ece_vs_fp32"], 6),
+            "skipped_steps": t["skipped_steps"],
+        }
+        timing = {
             "samples_per_s": round(t["samples_per_s"], 1),
             "speedup_vs_fp32": _ratio(t["samples_per_s"], base.train["samples_per_s"]),
             "peak_memory_mb": round(t["peak_memory_mb"], 1),
             "memory_vs_fp32": _ratio(t["peak_memory_mb"], base.train["peak_memory_mb"]),
-            "skipped_steps": t["skipped_steps"],
         }
         if tf32 is not None:
-            row["speedup_vs_tf32"] = _ratio(t["samples_per_s"], tf32.train["samples_per_s"])
-            row["memory_vs_tf32"] = _ratio(t["peak_memory_mb"], tf32.train["peak_memory_mb"])
+            timing["speedup_vs_tf32"] = _ratio(t["samples_per_s"], tf32.train["samples_per_s"])
+            timing["memory_vs_tf32"] = _ratio(t["peak_memory_mb"], tf32.train["peak_memory_mb"])
         comparison[r.arm] = {k: v for k, v in row.items() if v is not None}
-        details[r.arm] = {**row, "statistics": st, "mean_and_std": s, "per_seed": r.per_seed, "train": t}
-    return comparison, details
+        speed[r.arm] = {k: v for k, v in timing.items() if v is not None}
+        details[r.arm] = {**row, **timing, "statistics": st, "mean_and_std": s, "per_seed": r.per_seed, "train": t}
+    return comparison, speed, details
 
 
-def _write_reports(reports, comparison, details, context, reports_dir: Path) -> None:
+def _write_reports(reports, comparison, speed, details, context, reports_dir: Path) -> None:
     from ampbench.report import accuracy_delta_figure, curve_rows, curves_figure, markdown_report, speed_memory_figure
 
     reports_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(reports_dir / "comparison.json", comparison)
+    atomic_write_json(reports_dir / "speed.json", speed)
     atomic_write_json(reports_dir / "details.json", details)
     atomic_write_json(reports_dir / "curves.json", curve_rows(reports))
-    atomic_write_text(reports_dir / "report.md", markdown_report(reports, comparison, context))
+    merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
+    atomic_write_text(reports_dir / "report.md", markdown_report(reports, merged, context))
     figures = reports_dir / "figures"
     atomic_savefig(curves_figure(reports), figures / "curves.png")
     atomic_savefig(accuracy_delta_figure(reports, context["margin_pp"]), figures / "accuracy_delta.png")
-    atomic_savefig(speed_memory_figure(comparison), figures / "speed_memory.png")
+    atomic_savefig(speed_memory_figure(merged), figures / "speed_memory.png")
 
 
-def _log_evaluation(params, project_root, tags, reports, summaries, comparison, reports_dir) -> None:
+def _log_evaluation(params, project_root, tags, reports, summaries, comparison, speed, reports_dir) -> None:
     """Test metrics and the arm's verdict onto each arm's runs; one comparison run with the report."""
     tracking.setup(project_root, params.mlflow.experiment)
     for r in reports:
         if not r.ran:
             continue
-        arm_row = comparison[r.arm]
+        arm_row = {**comparison[r.arm], **speed[r.arm]}
         arm_metrics = {f"arm.{k}": v for k, v in arm_row.items() if isinstance(v, (int, float))
                        and not isinstance(v, bool)}
         arm_tags = {"evaluated": "true", "verdict": arm_row["verdict"], "loss_verdict": arm_row["loss_verdict"]}
@@ -224,7 +235,7 @@ def _log_evaluation(params, project_root, tags, reports, summaries, comparison, 
                 tracking.update_run(run_id, {**m, **arm_metrics}, arm_tags)
             else:
                 _log(f"[{r.arm}] seed {seed}: run {run_id} is not in this MLflow store; test metrics not attached")
-    flat = {f"{arm}.{k}": v for arm, row in comparison.items() for k, v in row.items()
+    flat = {f"{arm}.{k}": v for table in (comparison, speed) for arm, row in table.items() for k, v in row.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
     ctags = {**tags, "ampbench.role": "comparison", "arms": ",".join(params.train.precisions),
              "seeds": ",".join(map(str, params.train.seeds)),
@@ -233,6 +244,6 @@ def _log_evaluation(params, project_root, tags, reports, summaries, comparison, 
     with tracking.run("comparison" + (f"-{tags['dvc_exp_name']}" if "dvc_exp_name" in tags else ""), ctags,
                       tracking.flatten("", params.model_dump())):
         tracking.log_metrics(flat)
-        tracking.log_artifacts([reports_dir / "report.md", reports_dir / "comparison.json",
+        tracking.log_artifacts([reports_dir / "report.md", reports_dir / "comparison.json", reports_dir / "speed.json",
                                 reports_dir / "details.json", reports_dir / "curves.json"])
         tracking.log_artifacts([reports_dir / "figures"], artifact_path="figures")

@@ -6,6 +6,7 @@ tags and commits all work; ``workspace`` means the files on disk).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 # The per-arm columns shown side by side.
@@ -22,7 +23,7 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def load_revision(rev: str, repo: str = ".") -> dict[str, Any]:
-    """{"params": flat params, "arms": comparison.json's per-arm rows} at ``rev``."""
+    """{"params": flat params, "arms": per-arm rows of comparison.json and speed.json} at ``rev``."""
     import dvc.api
 
     from ampbench.errors import AmpbenchError
@@ -30,10 +31,18 @@ def load_revision(rev: str, repo: str = ".") -> dict[str, Any]:
     api_rev = None if rev == "workspace" else rev
     try:
         params = dvc.api.params_show(repo=repo, rev=api_rev)
-        metrics = dvc.api.metrics_show(repo=repo, rev=api_rev)  # every metrics file the pipeline declares
-    except Exception as exc:  # dvc raises many types for an unknown rev or a missing file
+    except Exception as exc:  # dvc raises many types for an unknown rev
         raise AmpbenchError(f"cannot read revision {rev!r}: {type(exc).__name__}: {exc}") from None
-    return {"params": _flatten(params), "arms": metrics}
+    arms: dict[str, dict] = {}
+    for path in ("reports/comparison.json", "reports/speed.json"):
+        try:  # dvc.api resolves targets against the working directory, not the repo: pass them absolute
+            table = dvc.api.metrics_show(str(Path(repo).resolve() / path), repo=repo, rev=api_rev)
+        except Exception:  # absent at this revision (older layout, or evaluate never ran there)
+            continue
+        for arm, row in table.items():
+            if isinstance(row, dict):
+                arms.setdefault(arm, {}).update(row)
+    return {"params": _flatten(params), "arms": arms}
 
 
 def compare_revisions(revs: list[str], repo: str = ".") -> dict[str, Any]:

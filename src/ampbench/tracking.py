@@ -7,13 +7,17 @@ from ``dvc repro``, ``dvc exp run`` and queued experiments in temporary copies a
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
+
+from ampbench.errors import AmpbenchError
 
 DB_NAME = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
@@ -37,22 +41,103 @@ def redact(uri: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+_KNOWN_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
+
+
+def check_uri(uri: str) -> None:
+    """Fail fast, before any training, on a tracking URI that is malformed or unreachable."""
+    scheme = urlsplit(uri).scheme.split("+")[0]
+    if scheme not in _KNOWN_SCHEMES:
+        raise AmpbenchError(f"MLflow tracking URI {redact(uri)!r} is not one MLflow can use (expected "
+                            "sqlite:///path, http(s)://host:port, postgresql://…); fix or unset MLFLOW_TRACKING_URI")
+    if scheme in ("http", "https"):
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+        except Exception as exc:  # URLError, timeout, HTTP errors: one message for all
+            raise AmpbenchError(f"MLflow server {redact(uri)} is unreachable ({exc}); start it (see README, "
+                                "team mode) or unset MLFLOW_TRACKING_URI") from None
+    if scheme == "sqlite":
+        db = Path(_sqlite_path(uri))
+        folder = db.parent if db.parent.exists() else next(p for p in db.parents if p.exists())
+        if not os.access(folder, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+            raise AmpbenchError(f"MLflow store {db} is not writable; fix the permissions or set MLFLOW_TRACKING_URI")
+
+
+def _sqlite_path(uri: str) -> str:
+    return uri.split("sqlite:///", 1)[1].split("?", 1)[0]
+
+
+@contextmanager
+def _init_lock(uri: str) -> Iterator[None]:
+    """Serialise first use of a SQLite store across processes: schema creation and experiment creation race
+    otherwise ("table already exists", "database is locked"). Other stores handle this themselves."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+    import sqlite3
+
+    db = Path(_sqlite_path(uri))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{db}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            # WAL lets readers and one writer work at once and is stored in the file: set once, kept.
+            with sqlite3.connect(db, timeout=60) as conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _retry(fn):
+    """Retry a store write that hit SQLite's "database is locked" (several experiments writing at once)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        for attempt in range(10):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if "locked" not in str(exc) or attempt == 9:
+                    raise
+                time.sleep(0.05 * 2**attempt)  # 0.05 s … 25 s in total
+
+    return wrapper
+
+
 def setup(project_root: Path, experiment: str) -> str:
-    """Point MLflow at the project's store and make sure the experiment exists; returns its id."""
+    """Point MLflow at the project's store and make sure the experiment exists; returns its id.
+
+    Raises AmpbenchError (one line) for a malformed, unreachable or unwritable store — before training starts.
+    """
     import mlflow
     from mlflow.exceptions import MlflowException
 
     uri, artifact_location = store_uris(project_root)
+    check_uri(uri)
     mlflow.set_tracking_uri(uri)
-    exp = mlflow.get_experiment_by_name(experiment)
-    if exp is None:
-        try:
-            exp_id = mlflow.create_experiment(experiment, artifact_location=artifact_location)
-        except MlflowException:  # another process created it between our look-up and create
-            exp_id = mlflow.get_experiment_by_name(experiment).experiment_id
-    else:
-        exp_id = exp.experiment_id
-    mlflow.set_experiment(experiment_id=exp_id)
+    try:
+        with _init_lock(uri):
+            exp = _retry(mlflow.get_experiment_by_name)(experiment)
+            if exp is None:
+                try:
+                    exp_id = mlflow.create_experiment(experiment, artifact_location=artifact_location)
+                except MlflowException:  # another process (without our lock: another store client) made it
+                    exp_id = mlflow.get_experiment_by_name(experiment).experiment_id
+            elif exp.lifecycle_stage == "deleted":
+                raise AmpbenchError(f"MLflow experiment {experiment!r} is deleted in {redact(uri)}; restore it "
+                                    "(mlflow experiments restore) or choose another mlflow.experiment")
+            else:
+                exp_id = exp.experiment_id
+        mlflow.set_experiment(experiment_id=exp_id)
+    except AmpbenchError:
+        raise
+    except Exception as exc:  # MlflowException, SQLAlchemy and OS errors from a broken store
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AmpbenchError(f"MLflow store {redact(uri)}: {first}") from None
     return exp_id
 
 
@@ -74,10 +159,11 @@ def run(name: str, tags: dict[str, str], params: dict[str, str], run_id: str | N
     """
     import mlflow
 
+    tags = {**tags, "ampbench.tracking_uri": redact(mlflow.get_tracking_uri())}  # never with a password
     if run_id is not None and run_exists(run_id):
-        active = mlflow.start_run(run_id=run_id, tags=tags)
+        active = _retry(mlflow.start_run)(run_id=run_id, tags=tags)
     else:
-        active = mlflow.start_run(run_name=name, tags=tags)
+        active = _retry(mlflow.start_run)(run_name=name, tags=tags)
     run_id = active.info.run_id
     previous = {}
 
@@ -87,18 +173,18 @@ def run(name: str, tags: dict[str, str], params: dict[str, str], run_id: str | N
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.signal(sig, _killed)
     try:
-        mlflow.log_params(params)
+        _retry(mlflow.log_params)(params)
         yield run_id
     except KeyboardInterrupt as exc:
-        mlflow.set_tag("ampbench.ended_by", str(exc) or "SIGINT")
-        mlflow.end_run(status="KILLED")
+        _retry(mlflow.set_tag)("ampbench.ended_by", str(exc) or "SIGINT")
+        _retry(mlflow.end_run)(status="KILLED")
         raise
     except BaseException as exc:
-        mlflow.set_tag("ampbench.error", f"{type(exc).__name__}: {exc}"[:5000])
-        mlflow.end_run(status="FAILED")
+        _retry(mlflow.set_tag)("ampbench.error", f"{type(exc).__name__}: {exc}"[:5000])
+        _retry(mlflow.end_run)(status="FAILED")
         raise
     else:
-        mlflow.end_run(status="FINISHED")
+        _retry(mlflow.end_run)(status="FINISHED")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -120,13 +206,13 @@ def log_epoch(row: dict[str, Any]) -> None:
         metrics += [Metric(f"step/{k}", float(v), now, int(sample["step"])) for k, v in sample.items() if k != "step"]
     client, run_id = MlflowClient(), mlflow.active_run().info.run_id
     for start in range(0, len(metrics), 1000):  # MLflow accepts at most 1000 metrics per batch
-        client.log_batch(run_id, metrics=metrics[start:start + 1000])
+        _retry(client.log_batch)(run_id, metrics=metrics[start:start + 1000])
 
 
 def log_metrics(metrics: dict[str, float]) -> None:
     import mlflow
 
-    mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+    _retry(mlflow.log_metrics)({k: float(v) for k, v in metrics.items()})
 
 
 def log_dataset(meta: dict[str, Any], source_dir: Path) -> None:
@@ -172,7 +258,7 @@ def update_run(run_id: str, metrics: dict[str, float], tags: dict[str, str]) -> 
     from mlflow.tracking import MlflowClient
 
     now = int(time.time() * 1000)
-    MlflowClient().log_batch(
+    _retry(MlflowClient().log_batch)(
         run_id,
         metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
         tags=[RunTag(k, str(v)) for k, v in tags.items()],

@@ -1,0 +1,219 @@
+"""Bad params and bad environments: each gets exit ≠ 0 and one line naming the problem — no traceback, no new
+output files, no MLflow run left RUNNING."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from conftest import TINY
+from test_cli import _stage
+
+
+def _set(d: dict, dotted: str, value) -> None:
+    *path, last = dotted.split(".")
+    for key in path:
+        d = d.setdefault(key, {})
+    d[last] = value
+
+
+# (id, stage, params changes {dotted key: value}, expected text in the one-line message)
+PARAM_CASES = [
+    ("typo-key", "train", {"train.epoch": 3}, "train.epoch: unknown key"),
+    ("typo-section", "train", {"trian.lr": 1}, "trian: unknown key"),
+    ("lr-zero", "train", {"train.lr": 0}, "train.lr: Input should be greater than 0"),
+    ("lr-negative", "train", {"train.lr": -0.1}, "train.lr:"),
+    ("lr-word", "train", {"train.lr": "fast"}, "train.lr: Input should be a valid number"),
+    ("epochs-zero", "train", {"train.epochs": 0}, "train.epochs:"),
+    ("batch-zero", "train", {"train.batch_size": 0}, "train.batch_size:"),
+    ("precisions-empty", "train", {"train.precisions": []}, "train.precisions:"),
+    ("precision-unknown", "train", {"train.precisions": ["fp32", "fp8"]}, "train.precisions.1:"),
+    ("no-baseline", "evaluate", {"train.precisions": ["fp16", "bf16"]}, "must include the fp32 baseline"),
+    ("precisions-duplicate", "train", {"train.precisions": ["fp32", "fp32"]}, "entries must be unique"),
+    ("model-unknown", "train", {"train.model": "vgg"}, "train.model:"),
+    ("optimizer-unknown", "train", {"train.optimizer": "lion"}, "train.optimizer:"),
+    ("dataset-unknown", "prepare", {"prepare.dataset": "imagenet"}, "prepare.dataset:"),
+    ("device-unknown", "train", {"train.device": "tpu"}, "train.device:"),
+    ("margin-negative", "evaluate", {"evaluate.margin.accuracy_pp": -1}, "evaluate.margin.accuracy_pp:"),
+    ("seeds-empty", "train", {"train.seeds": []}, "train.seeds:"),
+    ("seed-word", "train", {"train.seeds": ["a"]}, "train.seeds.0:"),
+    ("backoff-above-one", "train", {"train.grad_scaler.backoff_factor": 2}, "train.grad_scaler.backoff_factor:"),
+    ("benchmark-with-determinism", "train", {"train.cudnn_benchmark": True}, "train.cudnn_benchmark:"),
+    ("weight-decay-negative", "train", {"train.weight_decay": -1}, "train.weight_decay:"),
+    ("momentum-above-one", "train", {"train.momentum": 1.5}, "train.momentum:"),
+    ("val-fraction-huge", "prepare", {"prepare.val_fraction": 0.9}, "prepare.val_fraction:"),
+    ("synthetic-size-zero", "prepare", {"prepare.synthetic.image_size": 0}, "prepare.synthetic.image_size:"),
+    ("confidence-one", "evaluate", {"evaluate.confidence": 1.0}, "evaluate.confidence:"),
+    ("experiment-empty", "train", {"mlflow.experiment": ""}, "mlflow.experiment:"),
+    ("deterministic-word", "train", {"train.deterministic": "maybe"}, "train.deterministic:"),
+]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    from ampbench.data import prepare, save_prepared
+    from ampbench.params import validate
+
+    out = tmp_path_factory.mktemp("data") / "prepared"
+    save_prepared(prepare(validate(TINY).prepare, out.parent / "raw"), out)
+    return out
+
+
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file() and "mlflow" not in p.name and "data_in" not in p.parts}
+
+
+def _invoke(stage: str, args: list[str], env: dict | None = None):
+    return CliRunner().invoke(_stage(stage), args, env=env)
+
+
+def _assert_clean_failure(result, expected: str, before: set[Path], root: Path, store: str):
+    import mlflow
+
+    assert result.exit_code not in (0, None), result.output
+    err = result.stderr.strip()
+    assert err.count("\n") == 0, f"not one line: {err!r}"
+    assert err.startswith("error: ") and expected in err, err
+    assert "Traceback" not in result.output + result.stderr
+    assert _files(root) == before, f"new files: {_files(root) - before}"
+    mlflow.set_tracking_uri(store)
+    assert not mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'RUNNING'",
+                                  output_format="list")
+
+
+def _args(stage: str, params: Path, tmp: Path, data: Path) -> list[str]:
+    if stage == "prepare":
+        return ["--params", str(params), "--out", str(tmp / "out" / "prepared"), "--raw", str(tmp / "raw")]
+    if stage == "train":
+        return ["--precision", "fp32", "--params", str(params), "--data", str(data), "--out",
+                str(tmp / "out" / "models" / "fp32"), "--resume-dir", str(tmp / "out" / ".resume")]
+    return ["--params", str(params), "--data", str(data), "--models", str(tmp / "out" / "models"), "--reports",
+            str(tmp / "out" / "reports")]
+
+
+@pytest.mark.parametrize("case", PARAM_CASES, ids=[c[0] for c in PARAM_CASES])
+def test_bad_params(case, tmp_path, prepared, mlflow_store):
+    _, stage, changes, expected = case
+    params = json.loads(json.dumps(TINY))
+    for key, value in changes.items():
+        _set(params, key, value)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    before = _files(tmp_path)
+    result = _invoke(stage, _args(stage, path, tmp_path, prepared))
+    _assert_clean_failure(result, expected, before, tmp_path, mlflow_store)
+
+
+def _env_case_setup(name: str, tmp: Path, prepared: Path, params: dict):
+    """Break the environment for case ``name``; return (stage, extra env, data dir, expected text)."""
+    data = tmp / "data_in" / "prepared"
+    shutil.copytree(prepared, data)
+    if name == "cuda-without-gpu":
+        params["train"]["device"] = "cuda"
+        return "train", {}, data, "no CUDA device is available"
+    if name == "data-missing":
+        return "train", {}, tmp / "nowhere", "run the prepare stage first"
+    if name == "data-checksum":
+        meta = json.loads((data / "meta.json").read_text())
+        meta["checksum"] = "0" * 64
+        (data / "meta.json").write_text(json.dumps(meta))
+        return "train", {}, data, "checksum mismatch"
+    if name == "data-truncated":
+        blob = (data / "train.pt").read_bytes()
+        (data / "train.pt").write_bytes(blob[: len(blob) // 2])
+        return "train", {}, data, "unreadable"
+    if name == "data-wrong-shape":
+        t = torch.load(data / "val.pt", weights_only=True)
+        torch.save({"x": t["x"][:, :, :4, :4].contiguous(), "y": t["y"]}, data / "val.pt")
+        return "train", {}, data, "does not match meta.json"
+    if name == "mnist-missing":
+        params["prepare"]["dataset"] = "mnist"
+        return "prepare", {}, data, "data files not found"
+    if name == "cifar-download-fails":
+        params["prepare"].update({"dataset": "cifar10", "download": True})
+        # No network here: the download fails; the message says so and where to put the files.
+        return "prepare", {}, data, "the download failed"
+    if name == "mlflow-uri-malformed":
+        return "train", {"MLFLOW_TRACKING_URI": "nonsense://x"}, data, "not one MLflow can use"
+    if name == "mlflow-uri-unreachable":
+        return "train", {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}, data, "is unreachable"
+    if name == "output-under-a-file":
+        (tmp / "out").mkdir()
+        (tmp / "out" / "models").write_text("a file where a folder should be")
+        return "train", {}, data, "Not a directory"
+    if name == "models-missing":
+        return "evaluate", {}, data, "train the fp32 arm first"
+    raise AssertionError(name)
+
+
+ENV_CASES = ["cuda-without-gpu", "data-missing", "data-checksum", "data-truncated", "data-wrong-shape",
+             "mnist-missing", "cifar-download-fails", "mlflow-uri-malformed", "mlflow-uri-unreachable",
+             "output-under-a-file", "models-missing"]
+
+
+@pytest.mark.parametrize("name", ENV_CASES)
+def test_bad_environments(name, tmp_path, prepared, mlflow_store):
+    if name == "cuda-without-gpu" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    params = json.loads(json.dumps(TINY))
+    stage, env, data, expected = _env_case_setup(name, tmp_path, prepared, params)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    before = _files(tmp_path)
+    result = _invoke(stage, _args(stage, path, tmp_path, data), env=env)
+    _assert_clean_failure(result, expected, before, tmp_path, mlflow_store)
+
+
+def test_disk_full_while_checkpointing(tmp_path, prepared, mlflow_store, monkeypatch):
+    """ENOSPC while writing a checkpoint: one line, the MLflow run FAILED (not RUNNING), no partial file."""
+    import errno
+
+    import mlflow
+
+    from ampbench import fileio
+
+    def full(obj, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(fileio, "atomic_torch_save", full)
+    monkeypatch.setattr("ampbench.checkpoint.atomic_torch_save", full)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    result = _invoke("train", _args("train", path, tmp_path, prepared))
+    # Training had started, so progress lines precede it; the error itself is one line, the last.
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:]
+    assert "seed0.pt: No space left on device" in lines[-1]
+    mlflow.set_tracking_uri(mlflow_store)
+    runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert "No space left" in runs[0].data.tags["ampbench.error"]
+    assert not [p for p in (tmp_path / "out").rglob("*.pt")]
+
+
+def test_precision_not_in_params(tmp_path, prepared, mlflow_store):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    args = _args("train", path, tmp_path, prepared)
+    args[1] = "fp8"
+    before = _files(tmp_path)
+    _assert_clean_failure(_invoke("train", args), "--precision 'fp8' is not in train.precisions", before, tmp_path,
+                          mlflow_store)
+
+
+@pytest.mark.parametrize("content, expected", [(None, "no such params file"), ("train: [x\n", "not valid YAML"),
+                                               ("- a\n- b\n", "expected a mapping")])
+def test_bad_params_files(tmp_path, prepared, mlflow_store, content, expected):
+    path = tmp_path / "params.yaml"
+    if content is not None:
+        path.write_text(content)
+    before = _files(tmp_path)
+    _assert_clean_failure(_invoke("train", _args("train", path, tmp_path, prepared)), expected, before, tmp_path,
+                          mlflow_store)
