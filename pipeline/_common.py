@@ -63,6 +63,17 @@ params_option = click.option(
 debug_option = click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
 
 
+def folder_option(flag: str, dest: str, default: str | None, help: str):
+    """A folder path option; every stage's inputs and outputs are overridable so tests can redirect them."""
+    return click.option(flag, dest, type=click.Path(file_okay=False, path_type=Path),
+                        default=None if default is None else Path(default), show_default=default is not None,
+                        help=help)
+
+
+data_option = folder_option("--data", "data_dir", "data/prepared",
+                            "Prepared data folder (output of the prepare stage).")
+
+
 def stage(fn):
     """Wrap a stage body: load and validate params first, and turn user errors into one line and exit 2."""
 

@@ -12,17 +12,14 @@ from pathlib import Path
 
 import click
 
-from _common import debug_option, params_option, project_root, run_tags, stage
+from _common import data_option, debug_option, folder_option, params_option, project_root, run_tags, stage
 
 
 @click.command()
 @params_option
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data/prepared"),
-              show_default=True, help="Prepared data folder (output of the prepare stage).")
-@click.option("--models", "models_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("models"),
-              show_default=True, help="Folder holding one sub-folder per trained arm.")
-@click.option("--reports", "reports_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("reports"), show_default=True, help="Folder to write metrics, plots and the table into.")
+@data_option
+@folder_option("--models", "models_dir", "models", "Folder holding one sub-folder per trained arm.")
+@folder_option("--reports", "reports_dir", "reports", "Folder to write metrics, plots and the report into.")
 @debug_option
 @stage
 def main(params, data_dir: Path, models_dir: Path, reports_dir: Path) -> None:

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import click
 
-from _common import code_version, debug_option, params_option, project_root, run_tags, stage
+from _common import (code_version, data_option, debug_option, folder_option, params_option, project_root,
+                     run_tags, stage)
 
 
 @click.command()
-@click.option("--precision", required=True, help="Precision arm to train: fp32, tf32, fp16 or bf16.")
+@click.option("--precision", required=True,
+              help="Precision arm to train: fp32, tf32, fp16, bf16, or an ablation (fp16_noscaler, fp16_pure, bf16_pure).")
 @params_option
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data/prepared"),
-              show_default=True, help="Prepared data folder (output of the prepare stage).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Output folder for this arm  [default: models/<precision>]")
-@click.option("--resume-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where per-epoch checkpoints of an unfinished arm wait to be resumed  [default: "
-                   ".resume/<precision>; kept outside models/ because DVC empties outputs before a stage runs]")
+@data_option
+@folder_option("--out", "out_dir", None, "Output folder for this arm  [default: models/<precision>]")
+@folder_option("--resume-dir", "resume_dir", None,
+               "Where per-epoch checkpoints of an unfinished arm wait to be resumed  [default: .resume/<precision>; "
+               "kept outside models/ because DVC empties outputs before a stage runs]")
 @debug_option
 @stage
 def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_dir: Path | None) -> None:
