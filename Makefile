@@ -6,7 +6,9 @@ BIN    := $(abspath $(VENV))/bin
 # Stage commands in dvc.yaml call `python`: put the venv first so DVC runs them with it.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: repro test test-fast ui lock clean
+.PHONY: install repro test test-fast ui team-server lock clean
+
+install: $(VENV)/.installed  ## create .venv and install the pinned versions (the first step of every target)
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +27,9 @@ test-fast: $(VENV)/.installed  ## unit tests only, skips the slow end-to-end one
 
 ui: $(VENV)/.installed  ## open the MLflow UI (127.0.0.1) on the pipeline's store
 	ampbench ui
+
+team-server: $(VENV)/.installed  ## PostgreSQL-backed MLflow server on 127.0.0.1:5001 (see README, team mode)
+	bash scripts/team_server.sh start
 
 lock:  ## refresh requirements.lock from the current venv
 	(echo "# Exact versions for a reproducible run (Python 3.11, x86_64 Linux). Regenerate: make lock"; \

@@ -98,3 +98,25 @@ def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
     assert result["arms"]["fp32"]["in-temp"]["verdict"] == "baseline"
     assert result["arms"]["fp16"]["two-epochs"]["verdict"] == "inconclusive"  # one seed: no interval
     assert "| train.epochs | 2 | 3 |" in markdown(result)
+
+
+def test_dvc_remote_round_trip(tmp_path):
+    """Push prepared data, models and reports to a local-directory remote; a fresh clone pulls them and
+    `dvc repro` then has nothing to do."""
+    params = json.loads(json.dumps(TINY))
+    params["train"].update({"precisions": ["fp32", "bf16"]})
+    params["mlflow"]["log_model"] = False
+    repo, env = make_project_repo(tmp_path / "origin", params)
+    _dvc("repro", repo=repo, env=env)
+    _dvc("remote", "add", "-d", "shared", str(tmp_path / "remote"), repo=repo, env=env)
+    run_ok(["git", "add", "-A"], repo, env)
+    run_ok(["git", "commit", "-qm", "results and remote"], repo, env)
+    assert "pushed" in _dvc("push", repo=repo, env=env)
+
+    clone = tmp_path / "clone"
+    run_ok(["git", "clone", "-q", str(repo), str(clone)], tmp_path, env)
+    _dvc("pull", repo=clone, env=env)
+    assert (clone / "models" / "bf16" / "seed0.pt").exists() and (clone / "data" / "prepared" / "meta.json").exists()
+    assert "Data and pipelines are up to date" in _dvc("status", repo=clone, env=env)
+    out = _dvc("repro", repo=clone, env=env)
+    assert "Running stage" not in out and "Data and pipelines are up to date" in out
