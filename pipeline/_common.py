@@ -49,6 +49,15 @@ def run_tags() -> dict[str, str]:
     return tags
 
 
+def relaunch_under_torchrun(nproc: int) -> None:
+    """Replace this process with ``torchrun --standalone --nproc_per_node N`` running the same command."""
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            sys.argv[0], *sys.argv[1:]]
+    click.echo(f"launching {nproc} processes: {' '.join(args[1:])}", err=True)
+    sys.stdout.flush()
+    os.execv(sys.executable, args)
+
+
 def prepare_environment(params: Params) -> None:
     """Environment that must be set before CUDA starts (deterministic cuBLAS)."""
     if params.train.deterministic:

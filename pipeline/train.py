@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from _common import (code_version, data_option, debug_option, folder_option, params_option, project_root,
-                     run_tags, stage)
+                     relaunch_under_torchrun, run_tags, stage)
 
 
 @click.command()
@@ -30,11 +30,14 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
 
     Interrupted? Run it again: it resumes from the last completed epoch.
     """
+    from ampbench.distributed import launched_by_torchrun
     from ampbench.errors import ParamsError
     from ampbench.runner import train_arm
 
     if precision not in params.train.precisions:
         raise ParamsError(f"--precision {precision!r} is not in train.precisions {params.train.precisions}")
+    if params.train.nproc_per_node > 1 and not launched_by_torchrun():
+        relaunch_under_torchrun(params.train.nproc_per_node)  # does not return
     train_arm(precision, params, data_dir, out_dir or Path("models") / precision, project_root(), run_tags(),
               resume_dir=resume_dir or Path(".resume") / precision, code_version=code_version())
 

@@ -31,8 +31,9 @@ def test_repo_params_file_is_valid():
         ({"train": {"optimizer": "lion"}}, "train.optimizer:"),
         ({"prepare": {"dataset": "imagenet"}}, "prepare.dataset:"),
         ({"train": {"device": "tpu"}}, "train.device:"),
-        ({"train": {"cudnn_benchmark": True}}, "train.cudnn_benchmark: cudnn_benchmark picks kernels by timing"),
+        ({"train": {"cudnn_benchmark": True}}, "train.cudnn_benchmark: picks kernels by timing"),
         ({"train": {"grad_scaler": {"backoff_factor": 2}}}, "train.grad_scaler.backoff_factor:"),
+        ({"train": {"nproc_per_node": 3, "batch_size": 64}}, "train.batch_size: 64 does not split evenly"),
         ({"evaluate": {"margin": {"accuracy_pp": -1}}}, "evaluate.margin.accuracy_pp:"),
     ],
 )

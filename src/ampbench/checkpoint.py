@@ -13,11 +13,22 @@ from ampbench.fileio import atomic_torch_save
 from ampbench.training import TrainState
 
 
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model inside DistributedDataParallel (``.module``) and torch.compile (``._orig_mod``), so saved
+    keys never carry their prefixes."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
 def state_dict(state: TrainState, meta: dict[str, Any]) -> dict[str, Any]:
     """Model, optimizer, scheduler, scaler and RNG states plus ``meta`` (precision, seed, model spec…)."""
-    model = getattr(state.model, "_orig_mod", state.model)  # torch.compile wraps; save the plain keys
     return {
-        "model": model.state_dict(),
+        "model": unwrap(state.model).state_dict(),
         "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict(),
         "scaler": state.scaler.state_dict(),  # empty when the scaler is disabled: fine
@@ -41,7 +52,7 @@ def save_dict(ck: dict[str, Any], path: Path) -> None:
 
 def restore(state: TrainState, ck: dict[str, Any]) -> None:
     """Put a checkpoint back into ``state``: weights, optimizer, schedule, scaler, RNG and data order."""
-    getattr(state.model, "_orig_mod", state.model).load_state_dict(ck["model"])
+    unwrap(state.model).load_state_dict(ck["model"])
     state.optimizer.load_state_dict(ck["optimizer"])
     state.scheduler.load_state_dict(ck["scheduler"])
     if ck["scaler"]:  # empty when saved from a disabled scaler

@@ -79,6 +79,7 @@ class TrainParams(_Section):
     clip_grad_norm: float | None = Field(None, gt=0, description="clip the true (unscaled) gradient norm")
     telemetry_every: int = Field(10, ge=1, description="steps between gradient underflow/overflow samples")
     loss_multiplier: float = Field(1.0, gt=0, description="< 1 pushes gradients toward fp16's underflow range")
+    nproc_per_node: int = Field(1, ge=1, le=64, description="> 1: the train stage relaunches under torchrun (DDP)")
     channels_last: bool = Field(False, description="channels_last memory format (faster convs on tensor cores)")
     compile: bool = Field(False, description="torch.compile the model; compile time is reported separately")
     cudnn_benchmark: bool = Field(False, description="let cuDNN time kernels and pick the fastest (not deterministic)")
@@ -86,10 +87,13 @@ class TrainParams(_Section):
     divergence: DivergenceParams = DivergenceParams()
 
     @model_validator(mode="after")
-    def _benchmark_needs_nondeterminism(self) -> TrainParams:
+    def _consistent(self) -> TrainParams:
         if self.cudnn_benchmark and self.deterministic:
-            raise ValueError("cudnn_benchmark picks kernels by timing, which is not deterministic: "
+            raise ValueError("cudnn_benchmark: picks kernels by timing, which is not deterministic: "
                              "set train.deterministic: false to use it")
+        if self.batch_size % self.nproc_per_node:
+            raise ValueError(f"batch_size: {self.batch_size} does not split evenly over nproc_per_node="
+                             f"{self.nproc_per_node} processes (it is the global batch)")
         return self
 
     @field_validator("precisions", "seeds")
@@ -154,8 +158,9 @@ def validate(raw: dict[str, Any]) -> Params:
         first = errors[0]
         if not first["loc"]:  # whole-file check: attribute it to the key it is about
             first = {**first, "loc": ("train", "precisions")}
-        elif first["loc"] == ("train",) and first["type"] == "value_error":
-            first = {**first, "loc": ("train", "cudnn_benchmark")}
+        elif first["loc"] == ("train",) and first["type"] == "value_error":  # "key: reason" from _consistent
+            key, _, reason = first["msg"].removeprefix("Value error, ").partition(": ")
+            first = {**first, "loc": ("train", key), "msg": reason, "input": {}}
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ParamsError(_describe(first) + more) from None
 

@@ -8,6 +8,8 @@ it continues from the last completed epoch, in the same MLflow run; seeds alread
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import shutil
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ampbench import checkpoint, tracking
+from ampbench import checkpoint, distributed, tracking
 from ampbench.data import Prepared, Split, load_prepared
 from ampbench.determinism import seed_everything, set_deterministic
 from ampbench.errors import ArmUnavailable
@@ -69,26 +71,38 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
     a seed stopped by the divergence guard is recorded as diverged. Returns the summary (``out_dir/summary.json``).
     """
     device = resolve_device(params.train.device)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    world = distributed.init(device.type)  # one process, or this rank of a torchrun job
+    device = distributed.device_for(world, device)
+    try:
+        return _train_arm(arm, params, data_dir, out_dir, project_root, tags, resume_dir or out_dir / ".resume",
+                          code_version, device, world)
+    finally:
+        distributed.shutdown(world)
+
+
+def _train_arm(arm, params, data_dir, out_dir, project_root, tags, resume_dir, code_version, device, world):
+    main = world.is_main  # only rank 0 writes files and talks to MLflow
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     try:
         policy = resolve_policy(arm, device)
     except ArmUnavailable as exc:
-        _log(f"[{arm}] skipped: {exc}")
         summary = {"arm": arm, "skipped": str(exc), "hardware": fingerprint(device)}
-        atomic_write_json(out_dir / HISTORY, {})
-        atomic_write_json(out_dir / SUMMARY, summary)
+        if main:
+            _log(f"[{arm}] skipped: {exc}")
+            atomic_write_json(out_dir / HISTORY, {})
+            atomic_write_json(out_dir / SUMMARY, summary)
         return summary
 
     data = load_prepared(data_dir)
-    tracking.setup(project_root, params.mlflow.experiment)
-    resume_dir = resume_dir or out_dir / ".resume"
+    if main:
+        tracking.setup(project_root, params.mlflow.experiment)
     seeds = {}
     for seed in params.train.seeds:
         key = resume_key(params, data.meta["checksum"], arm, seed, code_version)
         seeds[str(seed)] = _train_seed(arm, seed, policy, params, data, data_dir, device, out_dir,
-                                       resume_dir / f"seed{seed}.pt", key, tags)
-    shutil.rmtree(resume_dir, ignore_errors=True)  # the arm is complete: nothing left to resume
-
+                                       resume_dir / f"seed{seed}.pt", key, tags, world)
+    distributed.barrier(world)
     ok = [s for s in seeds.values() if not s["diverged"]]
     summary = {
         "arm": arm,
@@ -96,6 +110,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         "diverged": {seed: s["diverged"] for seed, s in seeds.items() if s["diverged"]} or None,
         "ablation": policy.ablation,
         "policy": policy.describe(),
+        "world_size": world.size,
         "hardware": fingerprint(device),
         "seeds": {seed: {k: v for k, v in s.items() if k != "history"} for seed, s in seeds.items()},
         # Per arm: median over seeds of each seed's median window throughput; the largest peak memory.
@@ -103,20 +118,25 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         "peak_memory_mb": max(s["peak_memory_mb"] for s in ok) if ok else None,
         "skipped_steps": sum(s["skipped_steps_total"] for s in ok),
     }
-    atomic_write_json(out_dir / HISTORY, {seed: s["history"] for seed, s in seeds.items()})
-    atomic_write_json(out_dir / SUMMARY, summary)
+    if main:
+        shutil.rmtree(resume_dir, ignore_errors=True)  # the arm is complete: nothing left to resume
+        atomic_write_json(out_dir / HISTORY, {seed: s["history"] for seed, s in seeds.items()})
+        atomic_write_json(out_dir / SUMMARY, summary)
     return summary
 
 
 def _train_seed(arm: str, seed: int, policy: PrecisionPolicy, params: Params, data: Prepared, data_dir: Path,
-                device: torch.device, out_dir: Path, resume_path: Path, key: str, tags: dict[str, str]) -> dict:
+                device: torch.device, out_dir: Path, resume_path: Path, key: str, tags: dict[str, str],
+                world: distributed.World) -> dict:
     """Train (or resume, or reuse) one seed; returns its record for the summary."""
     tp = params.train
-    prior = checkpoint.load_resumable(resume_path, arm, key)
+    main = world.is_main
+    prior = checkpoint.load_resumable(resume_path, arm, key)  # every rank reads it; only rank 0 writes
     if prior is not None and prior["meta"]["done"]:
-        _log(f"[{arm}] seed {seed}: already finished before the interruption; reusing it")
-        if prior["meta"]["record"]["diverged"] is None:
-            checkpoint.save_dict(prior, out_dir / f"seed{seed}.pt")
+        if main:
+            _log(f"[{arm}] seed {seed}: already finished before the interruption; reusing it")
+            if prior["meta"]["record"]["diverged"] is None:
+                checkpoint.save_dict(prior, out_dir / f"seed{seed}.pt")
         return prior["meta"]["record"]
 
     seed_everything(seed)
@@ -127,8 +147,6 @@ def _train_seed(arm: str, seed: int, policy: PrecisionPolicy, params: Params, da
     model = policy.prepare_model(model.to(memory_format=memory_format))
     cfg = train_config(params, seed)
     state = init_state(model, policy, cfg, device)
-    if tp.compile:
-        state.model = torch.compile(model)  # same parameters: the optimizer built above still owns them
     history: list[dict] = []
     layers: list[dict] = []
     windows: list[float] = []  # throughput of each timing window, samples/s
@@ -137,36 +155,47 @@ def _train_seed(arm: str, seed: int, policy: PrecisionPolicy, params: Params, da
         checkpoint.restore(state, prior)
         pm = prior["meta"]
         history, layers, windows, run_id = pm["history"], pm["layers"], pm["windows"], pm["run_id"]
-        _log(f"[{arm}] seed {seed}: resuming after epoch {state.epoch} of {cfg.epochs}")
+        if main:
+            _log(f"[{arm}] seed {seed}: resuming after epoch {state.epoch} of {cfg.epochs}")
+    # Wrappers go on after restoring, so checkpoints hold plain keys. Same parameters: the optimizer built
+    # above still owns them. DDP averages gradients across ranks; compile wraps the (DDP) model.
+    state.model = distributed.wrap(model, world, device)
+    if tp.compile:
+        state.model = torch.compile(state.model)
 
     what_ran = policy.describe()
     hw = fingerprint(device)
     meta = {"arm": arm, "seed": seed, "model": tp.model, "width": tp.width, "input_shape": list(data.input_shape),
             "num_classes": data.num_classes, "policy": what_ran, "resume_key": key}
     run_params = {**tracking.flatten("", params.model_dump()), **tracking.flatten("effective", what_ran),
-                  "seed": str(seed), "dataset.checksum": data.meta["checksum"]}
-    run_tags = {**tags, "precision": arm, "seed": str(seed), "device": hw["device_name"], "ablation": str(policy.ablation).lower(),
+                  "seed": str(seed), "dataset.checksum": data.meta["checksum"], "world_size": str(world.size)}
+    run_tags = {**tags, "precision": arm, "seed": str(seed), "device": hw["device_name"],
+                "ablation": str(policy.ablation).lower(), "world_size": str(world.size),
                 **{f"hw.{k}": v for k, v in hw.items()}, "ampbench.role": "arm"}
-    if prior is None:
-        _log(f"[{arm}] seed {seed}: {what_ran}")
+    if prior is None and main:
+        _log(f"[{arm}] seed {seed}: {what_ran}" + (f", {world.size} ranks" if world.active else ""))
 
     def on_epoch(row: dict, st) -> None:
         layers.append(row.pop("layers"))
         windows.extend(row.pop("windows"))
-        tracking.log_epoch(row)  # before the checkpoint: a crash in between repeats the epoch, losing nothing
+        if main:
+            tracking.log_epoch(row)  # before the checkpoint: a crash in between repeats the epoch, losing nothing
         row.pop("steps")
         history.append(row)
-        checkpoint.save(st, {**meta, "history": history, "layers": layers, "windows": windows, "run_id": run_id,
-                             "done": False}, resume_path)
+        if main:
+            checkpoint.save(st, {**meta, "history": history, "layers": layers, "windows": windows,
+                                 "run_id": run_id, "done": False}, resume_path)
 
+    run_ctx = (tracking.run(f"{arm}-seed{seed}", run_tags, run_params, run_id=run_id) if main
+               else contextlib.nullcontext(run_id))
     try:
-        with tracking.run(f"{arm}-seed{seed}", run_tags, run_params, run_id=run_id) as run_id:
-            if prior is None:
+        with run_ctx as run_id:
+            if prior is None and main:
                 tracking.log_dataset(data.meta, data_dir)
             reset_peak_memory(device)
             train, val = (Split(s.x.to(device, memory_format=memory_format), s.y.to(device))
                           for s in (data.train, data.val))
-            fit(state, train, val, policy, cfg, on_epoch=on_epoch)
+            fit(state, train, val, policy, cfg, on_epoch=on_epoch, world=world)
             result = TrainResult(history=history, windows=windows)  # whole run, resumed epochs included
             record = {"run_id": run_id, "diverged": None, "checkpoint": f"seed{seed}.pt",
                       "train_samples_per_s": result.samples_per_s, "timing_windows": len(windows),
@@ -176,25 +205,33 @@ def _train_seed(arm: str, seed: int, policy: PrecisionPolicy, params: Params, da
             if tp.compile and len(history) > 1:  # the first epoch pays for compilation; estimate it apart
                 rest = statistics.median(r["epoch_seconds"] for r in history[1:])
                 record["compile_seconds_estimate"] = max(history[0]["epoch_seconds"] - rest, 0.0)
-            final = out_dir / f"seed{seed}.pt"
-            checkpoint.save(state, meta, final)
-            atomic_write_json(out_dir / f"history-seed{seed}.json", history)
-            atomic_write_json(out_dir / f"grad_layers-seed{seed}.json", layers)
-            tracking.log_metrics({k: v for k, v in record.items() if k in (
-                "train_samples_per_s", "train_seconds", "skipped_steps_total", "peak_memory_mb", "peak_reserved_mb")})
-            tracking.log_artifacts([final, out_dir / f"history-seed{seed}.json",
-                                    out_dir / f"grad_layers-seed{seed}.json"])
-            if params.mlflow.log_model:
-                cpu_model = model.float().cpu().eval()
-                with cudnn_legacy_flags_readable():
-                    record["model_uri"] = tracking.log_model(cpu_model, data.test.x[:2].numpy(), _requirements())
+            if main:
+                _save_seed_outputs(state, meta, history, layers, record, out_dir, seed, params, model, data)
     except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
-        _log(f"[{arm}] seed {seed}: DIVERGED: {exc}")
+        if main:
+            _log(f"[{arm}] seed {seed}: DIVERGED: {exc}")
         record = {"run_id": run_id, "diverged": str(exc)}
     record["history"] = history
+    if not main:
+        return record
     checkpoint.save(state, {**meta, "history": history, "layers": layers, "windows": windows, "run_id": run_id,
                             "done": True, "record": record}, resume_path)
     if not record["diverged"]:
         _log(f"[{arm}] seed {seed}: val_accuracy {history[-1]['val_accuracy']:.4f}, "
              f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")
     return record
+
+
+def _save_seed_outputs(state, meta, history, layers, record, out_dir, seed, params, model, data) -> None:
+    """Rank 0, after a seed finished: final checkpoint, history and telemetry files, MLflow artifacts, model."""
+    final = out_dir / f"seed{seed}.pt"
+    checkpoint.save(state, meta, final)
+    atomic_write_json(out_dir / f"history-seed{seed}.json", history)
+    atomic_write_json(out_dir / f"grad_layers-seed{seed}.json", layers)
+    tracking.log_metrics({k: v for k, v in record.items() if k in (
+        "train_samples_per_s", "train_seconds", "skipped_steps_total", "peak_memory_mb", "peak_reserved_mb")})
+    tracking.log_artifacts([final, out_dir / f"history-seed{seed}.json", out_dir / f"grad_layers-seed{seed}.json"])
+    if params.mlflow.log_model:
+        cpu_model = copy.deepcopy(model).float().cpu().eval()  # the plain model: no DDP/compile wrappers
+        with cudnn_legacy_flags_readable():
+            record["model_uri"] = tracking.log_model(cpu_model, data.test.x[:2].numpy(), _requirements())

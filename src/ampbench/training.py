@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ampbench import distributed
 from ampbench.data import Split
+from ampbench.distributed import World
 from ampbench.errors import AmpbenchError
 from ampbench.precision import PrecisionPolicy
 from ampbench.telemetry import GradProbe
@@ -163,29 +165,33 @@ def predict(model: nn.Module, x: torch.Tensor, policy: PrecisionPolicy, batch_si
     return torch.cat(outs)
 
 
-def _batches(n: int, batch_size: int, generator: torch.Generator, device: torch.device):
-    """Shuffled index batches; a trailing batch of one sample is dropped (BatchNorm cannot train on it)."""
+def _batches(n: int, batch_size: int, generator: torch.Generator, device: torch.device, ranks: int = 1):
+    """Shuffled global index batches (the same on every rank: one generator, one seed). A trailing batch of one
+    sample is dropped (BatchNorm cannot train on it), and with several ranks one that does not split evenly."""
     perm = torch.randperm(n, generator=generator).to(device)
     for start in range(0, n, batch_size):
         idx = perm[start:start + batch_size]
-        if len(idx) > 1:
+        if len(idx) > 1 and len(idx) % ranks == 0:
             yield idx
 
 
 def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cfg: TrainConfig,
-        on_epoch: Callable[[dict[str, float], TrainState], None] | None = None) -> TrainResult:
+        on_epoch: Callable[[dict[str, float], TrainState], None] | None = None,
+        world: World = World()) -> TrainResult:
     """Train ``state.model`` from ``state.epoch`` to ``cfg.epochs``; call ``on_epoch(row, state)`` after each.
 
     ``row`` holds the epoch's metrics and, under ``"steps"``, rows sampled every ``cfg.telemetry_every`` steps
     (global step, loss, loss scale, skipped steps so far), under ``"layers"`` the per-parameter telemetry,
-    under ``"windows"`` the throughput (samples/s) of each timing window after warm-up. A resumed run passes a state restored from a
-    checkpoint (``state.epoch`` > 0) and continues exactly where it stopped.
+    under ``"windows"`` the throughput (samples/s) of each timing window after warm-up. A resumed run passes
+    a state restored from a checkpoint (``state.epoch`` > 0) and continues exactly where it stopped.
 
-    ``train`` and ``val`` must already be on the model's device.
+    ``train`` and ``val`` must already be on the model's device. With several ranks (``world``), every rank
+    walks the same global batches and trains on its slice; ``state.model`` is DDP-wrapped; sums are all-reduced
+    and samples/s counts the global batch.
     """
     model, device = state.model, train.x.device
     train_x = policy.cast_input(train.x)  # once, not per step (a no-op unless a *_pure ablation)
-    probe = GradProbe(model, device)
+    probe = GradProbe(getattr(model, "module", model), device)
     result = TrainResult()
     # Scaling a dummy value makes GradScaler create its scale tensor now, so the very first step's skip
     # (the default 2**16 scale often overflows at once) is counted too. A disabled scaler returns it unchanged.
@@ -205,10 +211,11 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         t0 = window_t0 = time.perf_counter()
         window_steps = window_samples = 0
         windows: list[float] = []
-        for idx in _batches(len(train), cfg.batch_size, state.generator, device):
+        for idx in _batches(len(train), cfg.batch_size, state.generator, device, world.size):
             sample = steps % cfg.telemetry_every == 0
             with _sync_guard(cfg.sync_debug and not sample and device.type == "cuda"):
-                x, y = train_x[idx], train.y[idx]
+                mine = distributed.shard(idx, world)  # this rank's slice of the global batch
+                x, y = train_x[mine], train.y[mine]
                 scale_before = _scale_tensor(state.scaler)
                 loss, logits = train_step(model, state.optimizer, state.scaler, policy, x, y, cfg.clip_grad_norm,
                                           probe if sample else None, cfg.loss_multiplier)
@@ -217,7 +224,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
                     skipped += was_skipped
                     run_of_skips = (run_of_skips + was_skipped) * was_skipped
                     longest_skips = torch.maximum(longest_skips, run_of_skips)
-                loss_sum += loss.detach().float() * len(idx)
+                loss_sum += loss.detach().float() * len(mine)
                 correct += (logits.argmax(dim=1) == y).sum()
             seen += len(idx)
             steps += 1
@@ -245,6 +252,8 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         state.epoch = epoch + 1
 
         _check_divergence(policy, state.scaler, loss_sum, longest_skips, cfg, epoch, steps)
+        distributed.sum_(loss_sum, world)  # every rank's share of the epoch: seen already counts global batches
+        distributed.sum_(correct, world)
         val_logits = predict(model, val.x, policy, cfg.eval_batch_size)
         grad_stats, layers = probe.epoch_summary()
         row = {
