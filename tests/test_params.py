@@ -63,5 +63,7 @@ def test_missing_and_broken_files(tmp_path):
 
 def test_params_are_frozen():
     p = Params()
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="frozen"):
         p.train.lr = 1.0

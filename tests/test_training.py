@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from ampbench.data import Split
-from ampbench.models import build_model
 from ampbench.precision import resolve_policy
 from ampbench import training
 from ampbench.training import TrainConfig, fit, init_state

@@ -47,6 +47,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     return run_bench(cfg)
 
 
+def _cell(row: dict[str, Any], key: str, spec: str, width: int) -> str:
+    return ("n/a" if row.get(key) is None else format(row[key], spec)).rjust(width)
+
+
 def table(result: dict[str, Any]) -> str:
     """The human-readable summary of ``run``'s result."""
     fp = result["fingerprint"]
@@ -71,9 +75,10 @@ def table(result: dict[str, Any]) -> str:
         if "skipped" in a:
             lines.append(f"{arm:14s} skipped: {a['skipped']}")
             continue
-        f = (lambda k, spec: "n/a" if a.get(k) is None else format(a[k], spec))
-        lines.append(f"{arm:14s} {f('samples_per_s', ',.0f'):>12s} {f('speedup_vs_fp32', '.2f'):>8s} "
-                     f"{f('speedup_vs_tf32', '.2f'):>8s} {f('peak_memory_mb', ',.0f'):>9s} {f('memory_vs_fp32', '.2f'):>10s}")
+        cells = [_cell(a, "samples_per_s", ",.0f", 12), _cell(a, "speedup_vs_fp32", ".2f", 8),
+                 _cell(a, "speedup_vs_tf32", ".2f", 8), _cell(a, "peak_memory_mb", ",.0f", 9),
+                 _cell(a, "memory_vs_fp32", ".2f", 10)]
+        lines.append(f"{arm:14s} " + " ".join(cells))
     if "memory_note" in result:
         lines.append(result["memory_note"])
     return "\n".join(lines)

@@ -191,7 +191,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                     runner.round()
             for arm, r in runners.items():
                 arms[arm] = {"samples_per_s": _median(r.windows), **r.peak}
-            for arm, row in arms.items():
+            for row in arms.values():
                 for ref in ("fp32", "tf32"):
                     base = arms.get(ref, {})
                     if "samples_per_s" in row and base.get("samples_per_s"):
