@@ -66,7 +66,7 @@ class TrainParams(_Section):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     model: Literal[MODELS] = "small_cnn"
-    width: int = Field(32, ge=1, le=4096, description="channels of the first conv / units of the MLP")
+    width: int = Field(16, ge=1, le=4096, description="channels of the first conv / MLP units ÷ 8")
     optimizer: Literal[OPTIMIZERS] = "adamw"
     lr: float = Field(3e-3, gt=0, le=10)
     weight_decay: float = Field(1e-4, ge=0)
