@@ -23,10 +23,6 @@ class PairedSummary:
     ci_high: float | None
     confidence: float = 0.95
 
-    @property
-    def half_width(self) -> float | None:
-        return None if self.ci_low is None else (self.ci_high - self.ci_low) / 2
-
     def to_dict(self) -> dict:
         return asdict(self)
 

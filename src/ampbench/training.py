@@ -73,7 +73,6 @@ class TrainState:
 class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)  # one row per epoch
     layers: list[dict[str, dict[str, float]]] = field(default_factory=list)  # per epoch: per-parameter telemetry
-    seconds: float = 0.0
 
     windows: list[float] = field(default_factory=list)  # samples/s of each timing window after warm-up
 
@@ -196,7 +195,6 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
     # Scaling a dummy value makes GradScaler create its scale tensor now, so the very first step's skip
     # (the default 2**16 scale often overflows at once) is counted too. A disabled scaler returns it unchanged.
     state.scaler.scale(torch.zeros((), device=device))
-    start_all = time.perf_counter()
     for epoch in range(state.epoch, cfg.epochs):
         model.train()
         loss_sum = torch.zeros((), device=device)
@@ -276,7 +274,6 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         result.windows += windows
         if on_epoch is not None:
             on_epoch({**row, "steps": step_rows, "layers": layers, "windows": windows}, state)
-    result.seconds = time.perf_counter() - start_all
     return result
 
 
