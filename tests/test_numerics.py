@@ -28,6 +28,7 @@ def _run(arm, **cfg_kw):
     train, val = _blobs(256, 0), _blobs(128, 1)
     result = fit(state, train, val, policy, cfg)
     acc = (predict(model, val.x, policy, 512).argmax(1) == val.y).float().mean().item()
+    _run.last_model = model  # for tests that inspect the trained weights
     return result, acc
 
 
@@ -63,6 +64,8 @@ def test_normal_loss_has_no_fp16_underflow_worth_mentioning():
 def test_pure_ablations_train_in_16_bit_weights(arm):
     result, acc = _run(arm)
     assert result.history[-1]["epoch"] == 3 and 0 <= acc <= 1
+    expected = torch.float16 if arm == "fp16_pure" else torch.bfloat16
+    assert {p.dtype for p in _run.last_model.parameters()} == {expected}  # no fp32 master weights
 
 
 def test_collapsing_loss_scale_stops_the_arm():

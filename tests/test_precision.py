@@ -64,7 +64,6 @@ def test_fp32_baseline_turns_off_default_cudnn_tf32():
 def test_legacy_reader_context_restores_flags():
     resolve_policy("fp32", CPU).apply_backend_flags()
     with precision.cudnn_legacy_flags_readable():
-        torch.backends.cudnn.flags  # noqa: B018 (just reachable)
         assert torch._C._get_cudnn_allow_tf32() in (True, False)
     assert torch.backends.cudnn.conv.fp32_precision == "ieee"
 

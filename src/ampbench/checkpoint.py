@@ -10,19 +10,8 @@ import torch
 
 from ampbench.errors import AmpbenchError, ResumeRefused
 from ampbench.fileio import atomic_torch_save
+from ampbench.models import unwrap
 from ampbench.training import TrainState
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain model inside DistributedDataParallel (``.module``) and torch.compile (``._orig_mod``), so saved
-    keys never carry their prefixes."""
-    while True:
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
 
 
 def state_dict(state: TrainState, meta: dict[str, Any]) -> dict[str, Any]:

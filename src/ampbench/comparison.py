@@ -54,17 +54,15 @@ def check_fingerprints(summaries: dict[str, dict]) -> None:
                                 f"software ({shown}); retrain both on one machine (dvc repro --force)")
 
 
-def paired_statistics(per_seed: dict[int, dict[str, float]], ref_per_seed: dict[int, dict[str, float]],
-                      params: Params) -> dict[str, Any]:
-    """CIs of the paired differences and verdicts for one arm (per_seed: metrics by seed, ref: fp32's)."""
+def paired_statistics(per_seed: dict[int, dict[str, float]], params: Params) -> dict[str, Any]:
+    """CIs of the paired differences and verdicts for one arm (per_seed: its metrics vs fp32, by seed)."""
     ev = params.evaluate
     seeds = sorted(per_seed)
-    out: dict[str, Any] = {}
-    for key in ("delta_accuracy_vs_fp32", "delta_loss_vs_fp32", "delta_ece_vs_fp32", "agreement_vs_fp32",
-                "kl_vs_fp32"):
-        out[key] = paired_ci([per_seed[s][key] for s in seeds], ev.confidence).to_dict()
-    acc = paired_ci([per_seed[s]["delta_accuracy_vs_fp32"] for s in seeds], ev.confidence)
-    loss = paired_ci([per_seed[s]["delta_loss_vs_fp32"] for s in seeds], ev.confidence)
+    cis = {key: paired_ci([per_seed[s][key] for s in seeds], ev.confidence)
+           for key in ("delta_accuracy_vs_fp32", "delta_loss_vs_fp32", "delta_ece_vs_fp32", "agreement_vs_fp32",
+                       "kl_vs_fp32")}
+    out: dict[str, Any] = {key: ci.to_dict() for key, ci in cis.items()}
+    acc, loss = cis["delta_accuracy_vs_fp32"], cis["delta_loss_vs_fp32"]
     out["verdict"], out["verdict_reason"] = verdict(acc, ev.margin.accuracy_pp / 100, True, " pp", 100)
     out["loss_verdict"], out["loss_verdict_reason"] = verdict(loss, ev.margin.loss, False, " nats")
     return out
@@ -122,7 +120,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
                                  ablation=s.get("ablation", False)))
     for r in reports:
         if r.ran:
-            r.stats = paired_statistics(r.per_seed, reports[0].per_seed, params)
+            r.stats = paired_statistics(r.per_seed, params)
 
     comparison, speed, details = _tables(reports)
     hw = summaries[BASELINE]["hardware"]

@@ -52,6 +52,18 @@ def mlp(in_features: int, num_classes: int, width: int = 256) -> nn.Module:
     )
 
 
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model inside DistributedDataParallel (``.module``) and torch.compile (``._orig_mod``), so saved
+    keys never carry their prefixes."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, width: int) -> nn.Module:
     """Build a model by name for inputs of ``input_shape`` = (C, H, W)."""
     c, h, w = input_shape

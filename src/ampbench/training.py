@@ -22,6 +22,7 @@ from ampbench import distributed
 from ampbench.data import Split
 from ampbench.distributed import World
 from ampbench.errors import AmpbenchError
+from ampbench.models import unwrap
 from ampbench.precision import PrecisionPolicy
 from ampbench.telemetry import GradProbe
 
@@ -190,7 +191,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
     """
     model, device = state.model, train.x.device
     train_x = policy.cast_input(train.x)  # once, not per step (a no-op unless a *_pure ablation)
-    probe = GradProbe(getattr(model, "module", model), device)
+    probe = GradProbe(unwrap(model), device)
     result = TrainResult()
     # Scaling a dummy value makes GradScaler create its scale tensor now, so the very first step's skip
     # (the default 2**16 scale often overflows at once) is counted too. A disabled scaler returns it unchanged.
@@ -241,7 +242,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             if sample:
                 _check_divergence(policy, state.scaler, loss_sum, longest_skips, cfg, epoch, steps)
                 step_rows.append({"step": state.step, "loss": loss.item(), "skipped_in_epoch": int(skipped.item()),
-                                  "loss_scale": state.scaler.get_scale() if state.scaler.is_enabled() else 1.0})
+                                  "loss_scale": _loss_scale(state.scaler)})
         _sync(device)  # time the work, not the queueing
         train_seconds = time.perf_counter() - t0
         n_skipped = int(skipped.item())
@@ -262,7 +263,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             "val_accuracy": (val_logits.argmax(dim=1) == val.y).float().mean().item(),
             "samples_per_s": seen / train_seconds,
             "epoch_seconds": train_seconds,
-            "loss_scale": state.scaler.get_scale() if state.scaler.is_enabled() else 1.0,
+            "loss_scale": _loss_scale(state.scaler),
             "skipped_steps": n_skipped,
             "lr": state.optimizer.param_groups[0]["lr"],
             **grad_stats,
@@ -328,6 +329,11 @@ def _check_divergence(policy: PrecisionPolicy, scaler, loss_sum: torch.Tensor, l
             raise Diverged(f"{where}: {int(longest_skips)} optimizer steps in a row skipped for inf/NaN gradients")
     elif not torch.isfinite(loss_sum):
         raise Diverged(f"{where}: loss became {float(loss_sum)} (no scaler to skip bad steps)")
+
+
+def _loss_scale(scaler: torch.amp.GradScaler) -> float:
+    """The current loss scale as a number (a host read); 1.0 for arms without a scaler."""
+    return scaler.get_scale() if scaler.is_enabled() else 1.0
 
 
 def _scale_tensor(scaler: torch.amp.GradScaler) -> torch.Tensor | None:
