@@ -17,8 +17,9 @@ import click
 CHECKOUT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(CHECKOUT / "src"))
 
-from ampbench.errors import AmpbenchError  # noqa: E402  (needs the path above)
-from ampbench.params import Params, load_params  # noqa: E402
+from ampbench import layout  # noqa: E402  (needs the path above)
+from ampbench.errors import AmpbenchError  # noqa: E402
+from ampbench.params import load_params  # noqa: E402
 
 
 def project_root() -> Path:
@@ -58,12 +59,11 @@ def relaunch_under_torchrun(nproc: int) -> None:
     os.execv(sys.executable, args)
 
 
-def prepare_environment(params: Params) -> None:
-    """Environment that must be set before CUDA starts (deterministic cuBLAS)."""
-    if params.train.deterministic:
-        from ampbench.determinism import CUBLAS_WORKSPACE_CONFIG
+def deterministic_cublas() -> None:
+    """cuBLAS needs a fixed workspace for deterministic matmuls, set in the environment before CUDA starts."""
+    from ampbench.determinism import CUBLAS_WORKSPACE_CONFIG
 
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
 
 
 params_option = click.option(
@@ -79,7 +79,7 @@ def folder_option(flag: str, dest: str, default: str | None, help: str):
                         help=help)
 
 
-data_option = folder_option("--data", "data_dir", "data/prepared",
+data_option = folder_option("--data", "data_dir", str(layout.PREPARED),
                             "Prepared data folder (output of the prepare stage).")
 
 
@@ -89,9 +89,7 @@ def stage(fn):
     @functools.wraps(fn)
     def wrapper(*args, params_path: Path, debug: bool, **kwargs):
         try:
-            params = load_params(params_path)
-            prepare_environment(params)
-            return fn(*args, params=params, **kwargs)
+            return fn(*args, params=load_params(params_path), **kwargs)
         except AmpbenchError as exc:
             if debug:
                 raise

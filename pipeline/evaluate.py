@@ -12,22 +12,33 @@ from pathlib import Path
 
 import click
 
-from _common import data_option, debug_option, folder_option, params_option, project_root, run_tags, stage
+from _common import (
+    data_option,
+    debug_option,
+    deterministic_cublas,
+    folder_option,
+    layout,
+    params_option,
+    project_root,
+    run_tags,
+    stage,
+)
 
 
 @click.command()
 @params_option
 @data_option
-@folder_option("--models", "models_dir", "models", "Folder holding one sub-folder per trained arm.")
-@folder_option("--reports", "reports_dir", "reports", "Folder to write metrics, plots and the report into.")
+@folder_option("--models", "models_dir", str(layout.MODELS), "Folder holding one sub-folder per trained arm.")
+@folder_option("--reports", "reports_dir", str(layout.REPORTS), "Folder to write metrics, plots and the report into.")
 @debug_option
 @stage
 def main(params, data_dir: Path, models_dir: Path, reports_dir: Path) -> None:
-    """Compare every precision arm with fp32 and write the reports."""
-    from ampbench.comparison import evaluate_arms
+    """Compare every precision arm with the fp32 baseline and write the reports."""
+    from ampbench.evaluate_stage import evaluate_arms
 
+    deterministic_cublas()  # the comparison must reproduce exactly, whatever train.deterministic says
     evaluate_arms(params, data_dir, models_dir, reports_dir, project_root(), run_tags())
-    click.echo((reports_dir / "report.md").read_text())
+    click.echo(layout.ReportFiles(reports_dir).report.read_text())
 
 
 if __name__ == "__main__":

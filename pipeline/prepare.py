@@ -9,13 +9,13 @@ from pathlib import Path
 
 import click
 
-from _common import debug_option, folder_option, params_option, stage
+from _common import debug_option, folder_option, layout, params_option, stage
 
 
 @click.command()
 @params_option
-@folder_option("--raw", "raw_dir", "data/raw", "Folder holding raw downloads (mnist, fashion_mnist, cifar10).")
-@folder_option("--out", "out_dir", "data/prepared", "Folder to write the prepared tensors and meta.json into.")
+@folder_option("--raw", "raw_dir", str(layout.RAW), "Folder holding raw downloads (mnist, fashion_mnist, cifar10).")
+@folder_option("--out", "out_dir", str(layout.PREPARED), "Folder to write the prepared tensors and meta.json into.")
 @debug_option
 @stage
 def main(params, raw_dir: Path, out_dir: Path) -> None:

@@ -10,13 +10,25 @@ from pathlib import Path
 
 import click
 
-from _common import (code_version, data_option, debug_option, folder_option, params_option, project_root,
-                     relaunch_under_torchrun, run_tags, stage)
+from _common import (
+    code_version,
+    data_option,
+    debug_option,
+    deterministic_cublas,
+    folder_option,
+    layout,
+    params_option,
+    project_root,
+    relaunch_under_torchrun,
+    run_tags,
+    stage,
+)
+from ampbench.arms import ABLATIONS, MAIN
 
 
 @click.command()
 @click.option("--precision", required=True,
-              help="Precision arm to train: fp32, tf32, fp16, bf16, or an ablation (fp16_noscaler, fp16_pure, bf16_pure).")
+              help=f"Precision arm to train: {', '.join(MAIN)}, or an ablation ({', '.join(ABLATIONS)}).")
 @params_option
 @data_option
 @folder_option("--out", "out_dir", None, "Output folder for this arm  [default: models/<precision>]")
@@ -32,14 +44,16 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
     """
     from ampbench.distributed import launched_by_torchrun
     from ampbench.errors import ParamsError
-    from ampbench.runner import train_arm
+    from ampbench.train_stage import train_arm
 
     if precision not in params.train.precisions:
         raise ParamsError(f"--precision {precision!r} is not in train.precisions {params.train.precisions}")
     if params.train.nproc_per_node > 1 and not launched_by_torchrun():
         relaunch_under_torchrun(params.train.nproc_per_node)  # does not return
-    train_arm(precision, params, data_dir, out_dir or Path("models") / precision, project_root(), run_tags(),
-              resume_dir=resume_dir or Path(".resume") / precision, code_version=code_version())
+    if params.train.deterministic:
+        deterministic_cublas()
+    train_arm(precision, params, data_dir, out_dir or layout.MODELS / precision, project_root(), run_tags(),
+              resume_dir=resume_dir or layout.RESUME / precision, code_version=code_version())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared test fixtures: tiny params, an MLflow store under tmp_path, the pipeline scripts importable."""
+"""Shared test fixtures: tiny params, an MLflow store under tmp_path, the pipeline scripts importable, and the
+helpers subprocess tests share (a cleaned environment, a throwaway project repo)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ sys.path.insert(0, str(ROOT / "pipeline"))  # stage scripts import `_common` as 
 for var, value in {"GIT_AUTHOR_NAME": "ampbench tests", "GIT_AUTHOR_EMAIL": "tests@ampbench.invalid",
                    "GIT_COMMITTER_NAME": "ampbench tests", "GIT_COMMITTER_EMAIL": "tests@ampbench.invalid"}.items():
     os.environ.setdefault(var, value)
+
 
 def _merged(base: dict, over: dict) -> dict:
     out = dict(base)
@@ -49,6 +51,15 @@ PROJECT_FILES = ["pipeline", "src", "dvc.yaml", ".dvcignore", ".gitignore", ".dv
                  ".dvc/plots"]
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without MLflow, DVC and torchrun variables (a subprocess must not inherit this
+    test run's store, experiment or rank), with the venv's bin first on PATH (stages call `python`), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MLFLOW_", "DVC_")) and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return {**env, **extra}
+
+
 def run_ok(cmd: list[str], cwd: Path, env: dict) -> str:
     """Run a command; fail the test with its output tail if it fails; return stdout + stderr."""
     import subprocess
@@ -71,8 +82,7 @@ def make_project_repo(repo: Path, params: dict) -> tuple[Path, dict]:
         else:
             shutil.copy2(src, dst)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # stages call `python`
+    env = clean_env()
     run_ok(["git", "init", "-q"], repo, env)
     run_ok(["git", "add", "-A"], repo, env)
     run_ok(["git", "commit", "-qm", "tiny pipeline"], repo, env)
@@ -83,6 +93,11 @@ def make_project_repo(repo: Path, params: dict) -> tuple[Path, dict]:
 def tiny_params() -> dict:
     """A deep copy of the tiny params (1 epoch, 1 seed, 240 digits, width 8, CPU)."""
     return yaml.safe_load(yaml.safe_dump(TINY))
+
+
+def stage_command(name: str, params: Path, *args: str) -> list[str]:
+    """The command line of stage ``name`` (pipeline/<name>.py) with ``params`` and further options."""
+    return [sys.executable, str(ROOT / "pipeline" / f"{name}.py"), "--params", str(params), *args]
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from click.testing import CliRunner
 
 from conftest import TINY
@@ -98,13 +97,11 @@ def _args(stage: str, params: Path, tmp: Path, data: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("case", PARAM_CASES, ids=[c[0] for c in PARAM_CASES])
-def test_bad_params(case, tmp_path, prepared, mlflow_store):
+def test_bad_params(case, tmp_path, prepared, mlflow_store, tiny_params, write_params):
     _, stage, changes, expected = case
-    params = json.loads(json.dumps(TINY))
     for key, value in changes.items():
-        _set(params, key, value)
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
+        _set(tiny_params, key, value)
+    path = write_params(tiny_params)
     before = _files(tmp_path)
     result = _invoke(stage, _args(stage, path, tmp_path, prepared))
     _assert_clean_failure(result, expected, before, tmp_path, mlflow_store)
@@ -158,19 +155,17 @@ ENV_CASES = ["cuda-without-gpu", "data-missing", "data-checksum", "data-truncate
 
 
 @pytest.mark.parametrize("name", ENV_CASES)
-def test_bad_environments(name, tmp_path, prepared, mlflow_store):
+def test_bad_environments(name, tmp_path, prepared, mlflow_store, tiny_params, write_params):
     if name == "cuda-without-gpu" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    params = json.loads(json.dumps(TINY))
-    stage, env, data, expected = _env_case_setup(name, tmp_path, prepared, params)
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
+    stage, env, data, expected = _env_case_setup(name, tmp_path, prepared, tiny_params)
+    path = write_params(tiny_params)
     before = _files(tmp_path)
     result = _invoke(stage, _args(stage, path, tmp_path, data), env=env)
     _assert_clean_failure(result, expected, before, tmp_path, mlflow_store)
 
 
-def test_disk_full_while_checkpointing(tmp_path, prepared, mlflow_store, monkeypatch):
+def test_disk_full_while_checkpointing(tmp_path, prepared, mlflow_store, monkeypatch, tiny_params, write_params):
     """ENOSPC while writing a checkpoint: one line, the MLflow run FAILED (not RUNNING), no partial file."""
     import errno
 
@@ -183,8 +178,7 @@ def test_disk_full_while_checkpointing(tmp_path, prepared, mlflow_store, monkeyp
 
     monkeypatch.setattr(fileio, "atomic_torch_save", full)
     monkeypatch.setattr("ampbench.checkpoint.atomic_torch_save", full)
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(TINY))
+    path = write_params(tiny_params)
     result = _invoke("train", _args("train", path, tmp_path, prepared))
     # Training had started, so progress lines precede it; the error itself is one line, the last.
     lines = result.stderr.strip().splitlines()
@@ -198,9 +192,8 @@ def test_disk_full_while_checkpointing(tmp_path, prepared, mlflow_store, monkeyp
     assert not [p for p in (tmp_path / "out").rglob("*.pt")]
 
 
-def test_precision_not_in_params(tmp_path, prepared, mlflow_store):
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(TINY))
+def test_precision_not_in_params(tmp_path, prepared, mlflow_store, tiny_params, write_params):
+    path = write_params(tiny_params)
     args = _args("train", path, tmp_path, prepared)
     args[1] = "fp8"
     before = _files(tmp_path)

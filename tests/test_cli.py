@@ -85,7 +85,6 @@ def test_stages_in_process(tmp_path, tiny_params, write_params, mlflow_store):
     for png in ("curves.png", "accuracy_delta.png", "speed_memory.png"):
         assert (reports / "figures" / png).stat().st_size > 10_000
     assert "| bf16 |" in (reports / "report.md").read_text()
-    assert (reports / "figures" / "curves.png").stat().st_size > 10_000
     curves = json.loads((reports / "curves.json").read_text())
     assert {row["run"] for row in curves} == {"fp32-seed0", "bf16-seed0"}
 
@@ -138,3 +137,19 @@ def test_ablation_and_diverged_arms_go_through_the_stages(tmp_path, tiny_params,
     assert "diverged.fp16" in runs["comparison"].data.tags
     per_layer = json.loads((models / "fp16_noscaler" / "grad_layers-seed0.json").read_text())
     assert "0.weight" in per_layer[0] and "grad_underflow_frac" in per_layer[0]["0.weight"]
+
+
+def test_sync_params_check_and_rewrite(tmp_path):
+    from ampbench.cli import main
+
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    runner = CliRunner()
+    assert runner.invoke(main, ["sync-params", "--root", str(tmp_path), "--check"]).exit_code == 0
+    (tmp_path / "params.yaml").write_text("train:\n  epochs: 2\n")  # no comments, most keys missing
+    checked = runner.invoke(main, ["sync-params", "--root", str(tmp_path), "--check"])
+    assert checked.exit_code == 1 and "out of date" in checked.output
+    assert (tmp_path / "params.yaml").read_text() == "train:\n  epochs: 2\n"  # --check changed nothing
+    assert runner.invoke(main, ["sync-params", "--root", str(tmp_path)]).exit_code == 0
+    assert "  epochs: 2 " in (tmp_path / "params.yaml").read_text()
+    assert runner.invoke(main, ["sync-params", "--root", str(tmp_path), "--check"]).exit_code == 0

@@ -3,45 +3,32 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-import yaml
 
-from conftest import ROOT, TINY
+from conftest import clean_env, run_ok, stage_command
 
 pytestmark = pytest.mark.slow
 
 
-def _train(tmp, params: dict, name: str, env: dict) -> subprocess.CompletedProcess:
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return subprocess.run([sys.executable, str(ROOT / "pipeline" / "train.py"), "--precision", "fp32", "--params",
-                           str(path), "--data", str(tmp / "prepared"), "--out", str(tmp / name / "fp32"),
-                           "--resume-dir", str(tmp / name / "resume")], env=env, capture_output=True, text=True,
-                          timeout=600)
+def _train(tmp, params_file, name: str, env: dict) -> str:
+    return run_ok(stage_command("train", params_file, "--precision", "fp32", "--data", str(tmp / "prepared"),
+                                "--out", str(tmp / name / "fp32"), "--resume-dir", str(tmp / name / "resume")),
+                  tmp, env)
 
 
-def test_two_gloo_processes_match_one_process(tmp_path):
-    params = json.loads(json.dumps(TINY))
-    params["train"].update({"precisions": ["fp32"], "model": "mlp", "epochs": 2, "batch_size": 32})
-    params["mlflow"]["log_model"] = False
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_", "RANK", "LOCAL_RANK",
-                                                                     "WORLD_SIZE"))}
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
-    subprocess.run([sys.executable, str(ROOT / "pipeline" / "prepare.py"), "--params", str(tmp_path / "p.yaml"),
-                    "--out", str(tmp_path / "prepared")], env=env, check=True, capture_output=True)
+def test_two_gloo_processes_match_one_process(tmp_path, tiny_params, write_params):
+    tiny_params["train"].update({"precisions": ["fp32"], "model": "mlp", "width": 64, "epochs": 2, "batch_size": 32})
+    tiny_params["mlflow"]["log_model"] = False
+    env = clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    single_params = write_params(tiny_params, "single.yaml")
+    run_ok(stage_command("prepare", single_params, "--out", str(tmp_path / "prepared")), tmp_path, env)
 
-    single = _train(tmp_path, params, "single", env)
-    assert single.returncode == 0, single.stderr[-2000:]
-    params["train"]["nproc_per_node"] = 2
-    ddp = _train(tmp_path, params, "ddp", env)
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
-    assert "launching 2 processes" in ddp.stderr and "2 ranks" in ddp.stderr
+    _train(tmp_path, single_params, "single", env)
+    tiny_params["train"]["nproc_per_node"] = 2
+    out = _train(tmp_path, write_params(tiny_params, "ddp.yaml"), "ddp", env)
+    assert "launching 2 processes" in out and "2 ranks" in out
 
     a = torch.load(tmp_path / "single" / "fp32" / "seed0.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "ddp" / "fp32" / "seed0.pt", weights_only=True)["model"]

@@ -12,6 +12,7 @@ from conftest import TINY, make_project_repo, run_ok
 
 pytestmark = pytest.mark.slow
 
+
 def _dvc(*args, repo, env):
     return run_ok([sys.executable, "-m", "dvc", *args], repo, env)
 
@@ -100,13 +101,12 @@ def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
     assert "| train.epochs | 2 | 3 |" in markdown(result)
 
 
-def test_dvc_remote_round_trip(tmp_path):
+def test_dvc_remote_round_trip(tmp_path, tiny_params):
     """Push prepared data, models and reports to a local-directory remote; a fresh clone pulls them and
     `dvc repro` then has nothing to do."""
-    params = json.loads(json.dumps(TINY))
-    params["train"].update({"precisions": ["fp32", "bf16"]})
-    params["mlflow"]["log_model"] = False
-    repo, env = make_project_repo(tmp_path / "origin", params)
+    tiny_params["train"].update({"precisions": ["fp32", "bf16"]})
+    tiny_params["mlflow"]["log_model"] = False
+    repo, env = make_project_repo(tmp_path / "origin", tiny_params)
     _dvc("repro", repo=repo, env=env)
     _dvc("remote", "add", "-d", "shared", str(tmp_path / "remote"), repo=repo, env=env)
     run_ok(["git", "add", "-A"], repo, env)

@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from ampbench.data import Split
+from ampbench.monitor import Diverged
+from ampbench.params import DivergenceParams, GradScalerParams, TrainParams
 from ampbench.precision import resolve_policy
-from ampbench.training import Diverged, TrainConfig, fit, init_state, predict
+from ampbench.training import LoopConfig, fit, init_state, predict
 
 CPU = torch.device("cpu")
 
@@ -17,19 +19,22 @@ def _blobs(n, seed):
     return Split(x, y)
 
 
-def _run(arm, **cfg_kw):
+def _run(arm, **train):
+    """Train a small MLP on blobs under ``arm`` with these train params; returns (last epoch's record, val
+    accuracy, model)."""
     torch.manual_seed(0)
     policy = resolve_policy(arm, CPU)
     model = policy.prepare_model(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
                                                      torch.nn.Linear(16, 2)))
-    cfg = TrainConfig(**{"epochs": 3, "batch_size": 32, "lr": 0.01, "optimizer": "adam", "scheduler": "constant",
-                         "telemetry_every": 1, **cfg_kw})
+    # No weight decay: with Adam its L2 term would give every parameter a gradient even when backward gave none.
+    cfg = LoopConfig(TrainParams(**{"epochs": 3, "batch_size": 32, "lr": 0.01, "optimizer": "adam",
+                                    "weight_decay": 0.0, "scheduler": "constant", "telemetry_every": 1,
+                                    "progress": False, **train}))
     state = init_state(model, policy, cfg, CPU)
-    train, val = _blobs(256, 0), _blobs(128, 1)
-    result = fit(state, train, val, policy, cfg)
+    train_split, val = _blobs(256, 0), _blobs(128, 1)
+    records = fit(state, train_split, val, policy, cfg)
     acc = (predict(model, val.x, policy, 512).argmax(1) == val.y).float().mean().item()
-    _run.last_model = model  # for tests that inspect the trained weights
-    return result, acc
+    return records[-1], acc, model
 
 
 # Loss × 2**-20: the gradient reaching the logits is ~1e-8, below fp16's smallest subnormal (2**-24 ≈ 6e-8).
@@ -37,10 +42,10 @@ TINY_LOSS = {"loss_multiplier": 2.0**-20}
 
 
 def test_fp16_without_scaler_underflows_and_the_scaler_fixes_it():
-    fp32, acc32 = _run("fp32", **TINY_LOSS)
-    noscaler, acc_noscaler = _run("fp16_noscaler", **TINY_LOSS)
-    scaled, acc_scaled = _run("fp16", **TINY_LOSS)
-    h32, hn, hs = fp32.history[-1], noscaler.history[-1], scaled.history[-1]
+    h32, acc32, _ = _run("fp32", **TINY_LOSS)
+    hn, acc_noscaler, _ = _run("fp16_noscaler", **TINY_LOSS)
+    hs, acc_scaled, _ = _run("fp16", **TINY_LOSS)
+    h32, hn, hs = h32.row(), hn.row(), hs.row()
 
     # The true gradients are tiny: fp16 would flush a large share of them to zero.
     assert h32["grad_underflow_frac"] > 0.2
@@ -55,36 +60,47 @@ def test_fp16_without_scaler_underflows_and_the_scaler_fixes_it():
 
 
 def test_normal_loss_has_no_fp16_underflow_worth_mentioning():
-    result, _ = _run("fp16")
-    assert result.history[-1]["scaled_grad_underflow_frac"] < 0.01
-    assert result.history[-1]["scaled_grad_overflow_frac"] == 0.0
+    record, _, _ = _run("fp16")
+    assert record.grads["scaled_grad_underflow_frac"] < 0.01
+    assert record.grads["scaled_grad_overflow_frac"] == 0.0
+
+
+def test_reported_losses_are_unscaled():
+    """train.loss_multiplier shrinks the gradients, not the reported losses: train and val loss stay comparable."""
+    plain, _, _ = _run("fp32", epochs=1)
+    shrunk, _, _ = _run("fp32", epochs=1, loss_multiplier=2.0**-20)
+    # Same initial weights and data: the first step's loss (before any update) is the same number, not 2**-20 of it.
+    assert shrunk.steps[0]["loss"] == plain.steps[0]["loss"] > 0.1
+    assert 0.1 < shrunk.train_loss < 10 and 0.1 < shrunk.val_loss < 10
 
 
 @pytest.mark.parametrize("arm", ["fp16_pure", "bf16_pure"])
 def test_pure_ablations_train_in_16_bit_weights(arm):
-    result, acc = _run(arm)
-    assert result.history[-1]["epoch"] == 3 and 0 <= acc <= 1
+    record, acc, model = _run(arm)
+    assert record.epoch == 3 and 0 <= acc <= 1
     expected = torch.float16 if arm == "fp16_pure" else torch.bfloat16
-    assert {p.dtype for p in _run.last_model.parameters()} == {expected}  # no fp32 master weights
+    assert {p.dtype for p in model.parameters()} == {expected}  # no fp32 master weights
 
 
 def test_collapsing_loss_scale_stops_the_arm():
     with pytest.raises(Diverged, match="loss scale collapsed"):
-        _run("fp16", scaler_settings={"init_scale": 2.0**100}, min_loss_scale=2.0**97)
+        _run("fp16", grad_scaler=GradScalerParams(init_scale=2.0**100),
+             divergence=DivergenceParams(min_loss_scale=2.0**97))
 
 
 def test_long_run_of_skips_stops_the_arm():
     with pytest.raises(Diverged, match="in a row skipped"):
-        _run("fp16", scaler_settings={"init_scale": 2.0**100}, max_consecutive_skips=4)
+        _run("fp16", grad_scaler=GradScalerParams(init_scale=2.0**100),
+             divergence=DivergenceParams(max_consecutive_skips=4))
 
 
 def test_non_finite_loss_without_scaler_stops_the_arm():
     with pytest.raises(Diverged, match="loss became"):
-        _run("bf16_pure", lr=1e30)
+        _run("bf16_pure", lr=1e30)  # no validation here: TrainParams would refuse lr > 10
 
 
 def test_clipping_applies_to_true_gradients():
     # A scaled gradient is 2**16 × the true one: clipping before unscale_ would shrink steps to nothing.
-    clipped, acc = _run("fp16", clip_grad_norm=1.0)
+    clipped, acc, _ = _run("fp16", clip_grad_norm=1.0)
     assert acc > 0.85
-    assert clipped.history[-1]["grad_norm"] < 1e3  # the probe reads true norms, not 2**16-scaled ones
+    assert clipped.grads["grad_norm"] < 1e3  # the probe reads true norms, not 2**16-scaled ones

@@ -1,17 +1,42 @@
-"""params.yaml schema: defaults are valid, and each bad value gets one line naming the key."""
+"""params.yaml schema: defaults are valid, each bad value gets one line naming the key, and the files that repeat
+the schema (params.yaml, dvc.yaml's params lists) agree with it."""
+
+import dataclasses
 
 import pytest
 
+from ampbench import arms
 from ampbench.errors import ParamsError
 from ampbench.params import Params, load_params, validate
+from ampbench.params_sync import render, render_dvc_yaml, schema, stage_params
+from conftest import ROOT
 
 
-def test_repo_params_file_is_valid():
-    from conftest import ROOT
+def test_params_yaml_is_the_schema_rendered():
+    """The committed params.yaml holds exactly the schema's defaults, in its order, with its docs as comments."""
+    assert load_params(ROOT / "params.yaml") == Params()
+    assert (ROOT / "params.yaml").read_text() == render(Params()), "params.yaml is out of date: run `make params`"
 
-    p = load_params(ROOT / "params.yaml")
-    assert p.train.precisions[0] == "fp32"
-    assert p.prepare.dataset == "digits"
+
+def test_dvc_yaml_params_lists_are_derived_from_the_schema():
+    text = (ROOT / "dvc.yaml").read_text()
+    assert text == render_dvc_yaml(text), "dvc.yaml's params lists are out of date: run `make params`"
+    # The train stages do not depend on the list of arms (dvc.yaml's matrix makes one stage per entry)...
+    assert "train.precisions" not in stage_params("train") and "train.precisions" in stage_params("evaluate")
+    # ...nor on the progress bar; evaluate reads no training knob but the device and seeds.
+    assert not [k for s in ("prepare", "train", "evaluate") for k in stage_params(s) if k == "train.progress"]
+    assert [k for k in stage_params("evaluate") if k.startswith("train.")] == [
+        "train.precisions", "train.seeds", "train.device"]
+
+
+def test_every_key_is_documented():
+    undocumented = [key.path for section in schema() for key in section.leaves() if not key.doc]
+    assert undocumented == []
+
+
+def test_precision_names_come_from_the_arm_registry():
+    assert validate({"train": {"precisions": list(arms.NAMES)}}).train.precisions == list(arms.NAMES)
+    assert Params().train.precisions == list(arms.MAIN)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +88,18 @@ def test_missing_and_broken_files(tmp_path):
 
 def test_params_are_frozen():
     p = Params()
-    from pydantic import ValidationError
-
-    with pytest.raises(ValidationError, match="frozen"):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         p.train.lr = 1.0
+
+
+def test_sync_keeps_values_and_adds_comments(tmp_path):
+    from ampbench.params_sync import sync
+
+    (tmp_path / "params.yaml").write_text("train:\n  epochs: 3\n  lr: 1e-3\n")
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    assert sync(tmp_path, write=False) == [tmp_path / "params.yaml"]
+    sync(tmp_path)
+    p = load_params(tmp_path / "params.yaml")
+    assert (p.train.epochs, p.train.lr, p.train.batch_size) == (3, 0.001, Params().train.batch_size)
+    assert "epochs: 3                # passes over the training split" in (tmp_path / "params.yaml").read_text()
+    assert sync(tmp_path) == []

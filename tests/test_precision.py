@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from ampbench import precision
+from ampbench import arms, precision
 from ampbench.errors import ArmUnavailable, DeviceError
-from ampbench.precision import PrecisionPolicy, resolve_device, resolve_policy
+from ampbench.precision import resolve_device, resolve_policy
 
 CPU = torch.device("cpu")
 
@@ -41,8 +41,7 @@ def test_unknown_arm():
 
 @pytest.mark.parametrize("arm, mode", [("fp32", "ieee"), ("tf32", "tf32"), ("fp16", "ieee"), ("bf16", "ieee")])
 def test_backend_flags_set_explicitly_for_every_arm(arm, mode):
-    dtype, scaler, tf32, _ = precision._ARMS[arm]
-    p = PrecisionPolicy(arm, "cuda", dtype, scaler, tf32)  # flags can be set without a GPU
+    p = precision.policy_for(arms.get(arm), "cuda")  # flags can be set without a GPU
     # Start from the opposite state so the test fails if apply_backend_flags leaves anything alone.
     other = "tf32" if mode == "ieee" else "ieee"
     torch.backends.cuda.matmul.fp32_precision = other
@@ -51,7 +50,7 @@ def test_backend_flags_set_explicitly_for_every_arm(arm, mode):
     d = p.describe()
     assert d["cuda_matmul_fp32_precision"] == mode
     assert d["cudnn_conv_fp32_precision"] == mode
-    assert d["grad_scaler"] == ("on" if scaler else "off")
+    assert d["grad_scaler"] == ("on" if arm == "fp16" else "off")
 
 
 def test_fp32_baseline_turns_off_default_cudnn_tf32():

@@ -5,11 +5,11 @@ import torch
 
 from ampbench.data import prepare
 from ampbench.determinism import seed_everything
-from ampbench.evaluation import arm_seed_metrics
+from ampbench.metrics import arm_seed_metrics
 from ampbench.models import build_model
-from ampbench.params import PrepareParams
+from ampbench.params import PrepareParams, TrainParams
 from ampbench.precision import resolve_policy
-from ampbench.training import TrainConfig, fit, init_state, predict
+from ampbench.training import LoopConfig, fit, init_state, predict
 
 CPU = torch.device("cpu")
 
@@ -24,7 +24,7 @@ def _train(arm, data):
     policy = resolve_policy(arm, CPU)
     policy.apply_backend_flags()
     model = build_model("small_cnn", data.input_shape, data.num_classes, width=8)
-    cfg = TrainConfig(epochs=4, batch_size=32, lr=0.01, optimizer="adamw", scheduler="cosine", seed=0)
+    cfg = LoopConfig(TrainParams(epochs=4, batch_size=32, lr=0.01, progress=False), seed=0)
     state = init_state(model, policy, cfg, CPU)
     fit(state, data.train, data.val, policy, cfg)
     return model, policy

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from ampbench.comparison import check_fingerprints
 from ampbench.errors import AmpbenchError
+from ampbench.evaluate_stage import check_fingerprints
 from ampbench.stats import expected_calibration_error, paired_ci, verdict
 
 T_975_DF2 = 4.302652729911275  # Student t quantile, 97.5%, 2 degrees of freedom (tables)

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from conftest import ROOT, TINY, make_project_repo, run_ok
+from conftest import clean_env, make_project_repo, run_ok, stage_command
 
 pytestmark = pytest.mark.slow
 
@@ -29,20 +29,24 @@ def server() -> str:
     return url
 
 
-def _tiny(experiment: str, **train) -> dict:
-    params = json.loads(json.dumps(TINY))
-    params["train"].update({"precisions": ["fp32", "bf16"], **train})
-    params["mlflow"]["experiment"] = experiment
-    return params
+@pytest.fixture
+def team_params(tiny_params):
+    """The tiny params in a fresh experiment of the server, with fp32 and bf16 (and these train changes)."""
+    def make(prefix: str, **train) -> dict:
+        tiny_params["train"].update({"precisions": ["fp32", "bf16"], **train})
+        tiny_params["mlflow"]["experiment"] = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        return tiny_params
+
+    return make
 
 
-def test_pipeline_against_the_server(server, tmp_path):
+def test_pipeline_against_the_server(server, tmp_path, team_params):
+    import mlflow.pytorch
     from mlflow.tracking import MlflowClient
 
-    import mlflow.pytorch
-
-    experiment = f"team-{uuid.uuid4().hex[:8]}"
-    repo, env = make_project_repo(tmp_path / "project", _tiny(experiment))
+    params = team_params("team")
+    experiment = params["mlflow"]["experiment"]
+    repo, env = make_project_repo(tmp_path / "project", params)
     env["MLFLOW_TRACKING_URI"] = server
     run_ok([sys.executable, "-m", "dvc", "repro"], repo, env)
     assert not (repo / "mlflow.db").exists()  # nothing went to a local store
@@ -69,25 +73,19 @@ def test_pipeline_against_the_server(server, tmp_path):
     assert model is not None
 
 
-def test_parallel_experiments_lose_nothing(server, tmp_path):
+def test_parallel_experiments_lose_nothing(server, tmp_path, team_params, write_params):
     """Four training processes log to the server at once: four runs, every epoch's metrics."""
     from mlflow.tracking import MlflowClient
 
-    experiment = f"team-par-{uuid.uuid4().hex[:8]}"
-    params = _tiny(experiment, precisions=["fp32"], epochs=3)
+    params = team_params("team-par", precisions=["fp32"], epochs=3)
     params["mlflow"]["log_model"] = False
-    import yaml
-
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-    run_ok([sys.executable, str(ROOT / "pipeline" / "prepare.py"), "--params", str(path), "--out",
-            str(tmp_path / "prepared")], tmp_path, env)
-    env["MLFLOW_TRACKING_URI"] = server
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "pipeline" / "train.py"), "--precision", "fp32", "--params",
-                               str(path), "--data", str(tmp_path / "prepared"), "--out", str(tmp_path / f"m{i}"),
-                               "--resume-dir", str(tmp_path / f"r{i}")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(4)]
+    experiment = params["mlflow"]["experiment"]
+    path = write_params(params)
+    run_ok(stage_command("prepare", path, "--out", str(tmp_path / "prepared")), tmp_path, clean_env())
+    env = clean_env(MLFLOW_TRACKING_URI=server)
+    procs = [subprocess.Popen(stage_command("train", path, "--precision", "fp32", "--data", str(tmp_path / "prepared"),
+                                            "--out", str(tmp_path / f"m{i}"), "--resume-dir", str(tmp_path / f"r{i}")),
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, "\n".join(o[1][-1500:] for o in outs)
     client = MlflowClient(server)

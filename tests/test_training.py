@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from ampbench.data import Split
-from ampbench.precision import resolve_policy
 from ampbench import training
-from ampbench.training import TrainConfig, fit, init_state
+from ampbench.data import Split
+from ampbench.params import GradScalerParams, TrainParams
+from ampbench.precision import resolve_policy
+from ampbench.training import LoopConfig, fit, init_state, throughput
 
 CPU = torch.device("cpu")
 
@@ -59,7 +60,7 @@ def test_step_follows_the_tutorial_order(monkeypatch):
     monkeypatch.setattr(opt, "zero_grad", lambda **kw: (calls.append("zero_grad"), orig_zero(**kw)))
     monkeypatch.setattr(type(policy), "autocast", lambda self: SpyAutocast())
     data = _blobs(8)
-    loss, logits = training.train_step(model, opt, SpyScaler(), policy, data.x, data.y)
+    loss, logits = training.train_step(model, opt, SpyScaler(), policy, data.x, data.y, TrainParams())
     assert calls == ["zero_grad", "autocast_enter", "forward", "autocast_exit", "scale", "backward", "step", "update"]
     assert loss.dtype == torch.float32  # loss computed inside autocast stays float32
 
@@ -69,45 +70,47 @@ def test_fit_learns_and_reports_each_epoch(arm):
     torch.manual_seed(0)
     policy = resolve_policy(arm, CPU)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    cfg = TrainConfig(epochs=3, batch_size=32, lr=0.05, optimizer="adamw", scheduler="constant")
+    cfg = LoopConfig(TrainParams(epochs=3, batch_size=32, lr=0.05, scheduler="constant", progress=False))
     state = init_state(model, policy, cfg, CPU)
-    rows = []
-    result = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg, on_epoch=lambda row, st: rows.append(row))
-    assert [r["epoch"] for r in rows] == [1, 2, 3] and state.epoch == 3
-    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
-    assert rows[-1]["val_accuracy"] > 0.85
-    assert result.samples_per_s > 0
-    assert set(rows[0]) >= {"train_loss", "val_loss", "val_accuracy", "samples_per_s", "loss_scale", "skipped_steps"}
+    seen = []
+    records = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg, on_epoch=lambda rec, st: seen.append(rec))
+    assert seen == records and [r.epoch for r in records] == [1, 2, 3] and state.epoch == 3
+    assert records[-1].train_loss < records[0].train_loss
+    assert records[-1].val_accuracy > 0.85
+    assert throughput(records) > 0
+    assert set(records[0].row()) >= {"train_loss", "val_loss", "val_accuracy", "samples_per_s", "loss_scale",
+                                     "skipped_steps", "grad_underflow_frac"}
+    # 256 samples in batches of 32: 8 steps an epoch; telemetry samples every 10th step of an epoch (its first).
+    assert [[s["step"] for s in r.steps] for r in records] == [[1], [9], [17]]
 
 
 def test_scaler_skips_overflowing_steps_and_counts_them():
     torch.manual_seed(0)
     policy = resolve_policy("fp16", CPU)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
-    cfg = TrainConfig(epochs=2, batch_size=32, lr=0.01, optimizer="sgd", scheduler="cosine")
-    state = init_state(model, policy, cfg, CPU)
     # A scale of 2**100 overflows fp16 (max 65504) at once: the scaler must skip and halve until it fits.
-    state.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100, growth_interval=10_000)
+    cfg = LoopConfig(TrainParams(epochs=2, batch_size=32, lr=0.01, optimizer="sgd", scheduler="cosine",
+                                 grad_scaler=GradScalerParams(init_scale=2.0**100, growth_interval=10_000),
+                                 progress=False))
+    state = init_state(model, policy, cfg, CPU)
     before = [p.detach().clone() for p in model.parameters()]
-    result = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg)
-    row = result.history[0]
+    first, second = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg)
     # 256 samples / 32 = 8 steps an epoch, each overflows (the scale only halves per skip): all skipped,
     # the scale went down by 2**8 per epoch, and no step touched the weights.
-    assert row["skipped_steps"] == 8 and result.skipped_steps == 16
-    assert result.history[1]["loss_scale"] == 2.0**84
-    assert row["loss_scale"] == 2.0**92
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert first.skipped_steps == 8 and second.skipped_steps == 8
+    assert first.loss_scale == 2.0**92 and second.loss_scale == 2.0**84
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     # No optimizer step happened, so the LR schedule did not advance either.
-    assert row["lr"] == 0.01 and state.scheduler.last_epoch == 0
+    assert first.lr == 0.01 and state.scheduler.last_epoch == 0
 
 
 def test_no_skips_when_scale_fits():
     torch.manual_seed(0)
     policy = resolve_policy("fp16", CPU)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 2))
-    cfg = TrainConfig(epochs=1, batch_size=32, lr=0.01, optimizer="sgd", scheduler="constant")
+    cfg = LoopConfig(TrainParams(epochs=1, batch_size=32, lr=0.01, optimizer="sgd", scheduler="constant",
+                                 grad_scaler=GradScalerParams(init_scale=2.0**8), progress=False))
     state = init_state(model, policy, cfg, CPU)
-    state.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
-    result = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg)
-    assert result.history[0]["skipped_steps"] == 0
-    assert result.history[0]["loss_scale"] == 2.0**8
+    (record,) = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg)
+    assert record.skipped_steps == 0
+    assert record.loss_scale == 2.0**8

@@ -1,27 +1,38 @@
 """The measuring half of ``ampbench bench`` (imports torch): interleaved A/B rounds of the pipeline's loop, the
-tutorial's bare loop and every precision arm. ``bench.py`` holds the CLI and the table.
+tutorial's bare loop and every precision arm. ``bench.py`` holds the CLI and the table; this module does not
+import it (no cycle), and logs to MLflow only through ``tracking``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from ampbench.bench import LOGGING_GOAL, OVERHEAD_GOAL, BenchConfig
+from ampbench import tracking
+from ampbench.arms import BASELINE, TF32_REFERENCE
 from ampbench.data import Split
 from ampbench.errors import ArmUnavailable
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.models import build_model
+from ampbench.monitor import WindowTimer
+from ampbench.params import TrainParams
 from ampbench.precision import resolve_device, resolve_policy
-from ampbench.training import TrainConfig, fit, init_state
+from ampbench.training import EpochRecord, LoopConfig, fit, init_state
+
+if TYPE_CHECKING:
+    from ampbench.bench import BenchConfig
+
+OVERHEAD_GOAL = 1.03  # pipeline step time / bare loop step time
+LOGGING_GOAL = 0.02  # logging time / training time
 
 
 def _data(cfg: BenchConfig, n: int, device: torch.device, seed: int) -> Split:
@@ -42,33 +53,34 @@ def _model(cfg: BenchConfig, device: torch.device, policy):
     return torch.compile(model) if cfg.compile else model
 
 
-def _train_cfg(cfg: BenchConfig, epochs: int, **kw) -> TrainConfig:
-    return TrainConfig(epochs=epochs, batch_size=cfg.batch_size, lr=1e-3, optimizer="adamw", scheduler="constant",
-                       warmup_steps=cfg.warmup_steps, timing_window=cfg.window, sync_debug=cfg.sync_debug, **kw)
+def _loop_cfg(cfg: BenchConfig, epochs: int) -> LoopConfig:
+    """The pipeline's train defaults (telemetry, divergence checks, scaler settings) at the bench's sizes."""
+    train = TrainParams(epochs=epochs, batch_size=cfg.batch_size, lr=1e-3, scheduler="constant", progress=False)
+    return LoopConfig(train, warmup_steps=cfg.warmup_steps, timing_window=cfg.window, sync_debug=cfg.sync_debug)
 
 
 class _PipelineArm:
     """The pipeline's loop (``fit``: telemetry, divergence checks, bookkeeping, per-epoch logging hook on)."""
 
     def __init__(self, cfg: BenchConfig, arm: str, device: torch.device, train: Split, val: Split,
-                 log_epoch: Callable[[dict], None]):
+                 log_epoch: Callable[[dict, list], None]):
         self.policy = resolve_policy(arm, device)
         self.policy.apply_backend_flags()
         self.cfg, self.train, self.val, self.log_epoch = cfg, train, val, log_epoch
-        self.state = init_state(_model(cfg, device, self.policy), self.policy, _train_cfg(cfg, 1), device)
+        self.state = init_state(_model(cfg, device, self.policy), self.policy, _loop_cfg(cfg, 1), device)
         self.windows: list[float] = []
         self.seconds = self.logging_seconds = 0.0
         self.peak: dict[str, float] = {}
 
     def round(self) -> None:
         self.policy.apply_backend_flags()
-        tcfg = _train_cfg(self.cfg, self.state.epoch + 1)
+        tcfg = _loop_cfg(self.cfg, self.state.epoch + 1)
 
-        def on_epoch(row: dict, _state) -> None:
-            self.windows.extend(row.pop("windows"))
-            self.seconds += row["epoch_seconds"]
+        def on_epoch(record: EpochRecord, _state) -> None:
+            self.windows.extend(record.windows)
+            self.seconds += record.epoch_seconds
             t0 = time.perf_counter()
-            self.log_epoch({k: v for k, v in row.items() if k != "layers"})
+            self.log_epoch(record.row(), record.steps)
             self.logging_seconds += time.perf_counter() - t0
 
         reset_peak_memory(self.train.x.device)
@@ -84,18 +96,20 @@ class _BareArm:
         self.policy = resolve_policy(arm, device)
         self.cfg, self.train, self.device = cfg, train, device
         self.model = _model(cfg, device, self.policy)
-        st = init_state(self.model, self.policy, _train_cfg(cfg, 1), device)  # same optimizer/scaler settings
+        st = init_state(self.model, self.policy, _loop_cfg(cfg, 1), device)  # same optimizer/scaler settings
         self.optimizer, self.scaler, self.gen = st.optimizer, st.scaler, st.generator
         self.x = self.policy.cast_input(train.x)
-        self.windows: list[float] = []
-        self.step = 0
+        self.timer = WindowTimer(device, cfg.window, cfg.warmup_steps)  # the same windows as the pipeline's loop
+
+    @property
+    def windows(self) -> list[float]:
+        return self.timer.windows
 
     def round(self) -> None:
         self.policy.apply_backend_flags()
-        n, bs, dev = len(self.train), self.cfg.batch_size, self.device
-        perm = torch.randperm(n, generator=self.gen).to(dev)
-        _sync(dev)
-        t0, in_window, samples = time.perf_counter(), 0, 0
+        n, bs = len(self.train), self.cfg.batch_size
+        perm = torch.randperm(n, generator=self.gen).to(self.device)
+        self.timer.start()
         for start in range(0, n, bs):
             idx = perm[start:start + bs]
             x, y = self.x[idx], self.train.y[idx]
@@ -106,42 +120,29 @@ class _BareArm:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            self.step += 1
-            in_window += 1
-            samples += len(idx)
-            if in_window == self.cfg.window:
-                _sync(dev)
-                now = time.perf_counter()
-                if self.step - in_window >= self.cfg.warmup_steps:
-                    self.windows.append(samples / (now - t0))
-                t0, in_window, samples = now, 0, 0
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+            self.timer.tick(len(idx))
 
 
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _logger(cfg: BenchConfig, workdir: Path) -> tuple[Callable[[dict], None], str, Callable[[], None]]:
-    """(log_epoch, backend description, close). Real MLflow batching to SQLite when installed, else JSON lines."""
+def _logger(cfg: BenchConfig, workdir: Path, stack: contextlib.ExitStack) -> tuple[Callable[[dict, list], None], str]:
+    """(log_epoch, backend description): the pipeline's real MLflow batching into a scratch SQLite store when
+    mlflow is installed, else JSON lines. ``stack`` closes either."""
     if cfg.mlflow:
         try:
-            import mlflow
-
-            from ampbench import tracking
+            stack.enter_context(tracking.scratch_run(workdir))
         except ImportError:
             pass
         else:
-            mlflow.set_tracking_uri(f"sqlite:///{workdir / 'bench.db'}")
-            exp = mlflow.create_experiment("bench", artifact_location=(workdir / "artifacts").as_uri())
-            mlflow.start_run(experiment_id=exp)
-            return tracking.log_epoch, "mlflow (SQLite, one batch per epoch)", mlflow.end_run
-    sink = (workdir / "history.jsonl").open("a")
-    return (lambda row: sink.write(json.dumps(row, default=float) + "\n")), "json lines (mlflow not installed)", sink.close
+            return tracking.log_epoch, "mlflow (SQLite, one batch per epoch)"
+    sink = stack.enter_context((workdir / "history.jsonl").open("a"))
+
+    def log_json(row: dict, steps: list) -> None:
+        sink.write(json.dumps({**row, "steps": steps}) + "\n")
+
+    return log_json, "json lines (mlflow not installed)"
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
@@ -150,58 +151,61 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     n = cfg.steps * cfg.batch_size
     train, val = _data(cfg, n, device, 0), _data(cfg, cfg.batch_size, device, 1)
     result: dict[str, Any] = {"config": asdict(cfg), "fingerprint": fingerprint(device), "date": time.strftime("%F")}
-
-    with tempfile.TemporaryDirectory() as tmp:
-        log_epoch, backend, close = _logger(cfg, Path(tmp))
-        try:
-            # 1. The pipeline's loop vs the bare loop, per overhead arm, interleaved A/B.
-            overhead = {}
-            for arm in cfg.overhead_arms:
-                try:
-                    pipe, bare = _PipelineArm(cfg, arm, device, train, val, log_epoch), _BareArm(cfg, arm, device, train)
-                except ArmUnavailable as exc:
-                    overhead[arm] = {"skipped": str(exc)}
-                    continue
-                for _ in range(cfg.rounds):
-                    bare.round()
-                    pipe.round()
-                b, p = _median(bare.windows), _median(pipe.windows)
-                ratio = b / p if b and p else None
-                overhead[arm] = {"bare_samples_per_s": b, "pipeline_samples_per_s": p, "ratio": ratio,
-                                 "goal": OVERHEAD_GOAL, "meets_goal": ratio is not None and ratio <= OVERHEAD_GOAL,
-                                 "windows": [len(bare.windows), len(pipe.windows)],
-                                 "logging_seconds": pipe.logging_seconds, "train_seconds": pipe.seconds}
-            result["loop_overhead"] = overhead
-            timed = [o for o in overhead.values() if "train_seconds" in o]
-            log_s, train_s = sum(o["logging_seconds"] for o in timed), sum(o["train_seconds"] for o in timed)
-            share = log_s / train_s if train_s else None
-            result["logging"] = {"backend": backend, "seconds": log_s, "train_seconds": train_s, "share": share,
-                                 "goal": LOGGING_GOAL, "meets_goal": share is not None and share <= LOGGING_GOAL}
-
-            # 2. Every arm through the pipeline's loop, interleaved; ratios vs fp32 and tf32.
-            arms: dict[str, Any] = {}
-            runners = {}
-            for arm in cfg.arms:
-                try:
-                    runners[arm] = _PipelineArm(cfg, arm, device, train, val, lambda row: None)
-                except ArmUnavailable as exc:
-                    arms[arm] = {"skipped": str(exc)}
-            for _ in range(cfg.rounds):
-                for runner in runners.values():
-                    runner.round()
-            for arm, r in runners.items():
-                arms[arm] = {"samples_per_s": _median(r.windows), **r.peak}
-            for row in arms.values():
-                for ref in ("fp32", "tf32"):
-                    base = arms.get(ref, {})
-                    if "samples_per_s" in row and base.get("samples_per_s"):
-                        row[f"speedup_vs_{ref}"] = row["samples_per_s"] / base["samples_per_s"]
-                    if device.type == "cuda" and row.get("peak_memory_mb") and base.get("peak_memory_mb"):
-                        row[f"memory_vs_{ref}"] = row["peak_memory_mb"] / base["peak_memory_mb"]
-            result["arms"] = dict(sorted(arms.items(), key=lambda kv: cfg.arms.index(kv[0])))
-            if device.type == "cpu":
-                result["memory_note"] = ("CPU: peak RSS is per process and cannot be attributed to one arm in an "
-                                         "interleaved run; memory ratios are given on CUDA only")
-        finally:
-            close()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        log_epoch, backend = _logger(cfg, Path(tmp), stack)
+        result["loop_overhead"] = _loop_overhead(cfg, device, train, val, log_epoch)
+    timed = [o for o in result["loop_overhead"].values() if "train_seconds" in o]
+    log_s, train_s = sum(o["logging_seconds"] for o in timed), sum(o["train_seconds"] for o in timed)
+    share = log_s / train_s if train_s else None
+    result["logging"] = {"backend": backend, "seconds": log_s, "train_seconds": train_s, "share": share,
+                         "goal": LOGGING_GOAL, "meets_goal": share is not None and share <= LOGGING_GOAL}
+    result["arms"] = _arm_ratios(cfg, device, train, val)
+    if device.type == "cpu":
+        result["memory_note"] = ("CPU: peak RSS is per process and cannot be attributed to one arm in an "
+                                 "interleaved run; memory ratios are given on CUDA only")
     return result
+
+
+def _loop_overhead(cfg: BenchConfig, device, train: Split, val: Split, log_epoch) -> dict[str, Any]:
+    """The pipeline's loop vs the bare loop, per overhead arm, interleaved A/B round by round."""
+    overhead = {}
+    for arm in cfg.overhead_arms:
+        try:
+            pipe, bare = _PipelineArm(cfg, arm, device, train, val, log_epoch), _BareArm(cfg, arm, device, train)
+        except ArmUnavailable as exc:
+            overhead[arm] = {"skipped": str(exc)}
+            continue
+        for _ in range(cfg.rounds):
+            bare.round()
+            pipe.round()
+        b, p = _median(bare.windows), _median(pipe.windows)
+        ratio = b / p if b and p else None
+        overhead[arm] = {"bare_samples_per_s": b, "pipeline_samples_per_s": p, "ratio": ratio,
+                         "goal": OVERHEAD_GOAL, "meets_goal": ratio is not None and ratio <= OVERHEAD_GOAL,
+                         "windows": [len(bare.windows), len(pipe.windows)],
+                         "logging_seconds": pipe.logging_seconds, "train_seconds": pipe.seconds}
+    return overhead
+
+
+def _arm_ratios(cfg: BenchConfig, device, train: Split, val: Split) -> dict[str, Any]:
+    """Every arm through the pipeline's loop, interleaved round by round; ratios to the baseline and tf32."""
+    arms: dict[str, Any] = {}
+    runners = {}
+    for arm in cfg.arms:
+        try:
+            runners[arm] = _PipelineArm(cfg, arm, device, train, val, lambda row, steps: None)
+        except ArmUnavailable as exc:
+            arms[arm] = {"skipped": str(exc)}
+    for _ in range(cfg.rounds):
+        for runner in runners.values():
+            runner.round()
+    for arm, r in runners.items():
+        arms[arm] = {"samples_per_s": _median(r.windows), **r.peak}
+    for row in arms.values():
+        for ref in (BASELINE, TF32_REFERENCE):
+            base = arms.get(ref, {})
+            if "samples_per_s" in row and base.get("samples_per_s"):
+                row[f"speedup_vs_{ref}"] = row["samples_per_s"] / base["samples_per_s"]
+            if device.type == "cuda" and row.get("peak_memory_mb") and base.get("peak_memory_mb"):
+                row[f"memory_vs_{ref}"] = row["peak_memory_mb"] / base["peak_memory_mb"]
+    return dict(sorted(arms.items(), key=lambda kv: cfg.arms.index(kv[0])))

@@ -75,5 +75,25 @@ def compare(revisions: tuple[str, ...], repo: str, json_out: Path | None) -> Non
         json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
+@main.command("sync-params")
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
+              help="Project root holding params.yaml and dvc.yaml.")
+@click.option("--check", is_flag=True, help="Change nothing; exit 1 if either file is out of date.")
+def sync_params(root: Path, check: bool) -> None:
+    """Rewrite params.yaml (values kept; keys, order and comments from the schema in src/ampbench/params.py) and
+    the `params:` list of every stage in dvc.yaml (the keys each stage reads)."""
+    from ampbench.errors import AmpbenchError
+    from ampbench.params_sync import sync
+
+    try:
+        changed = sync(root, write=not check)
+    except AmpbenchError as exc:
+        raise click.ClickException(str(exc)) from None
+    for path in changed:
+        click.echo(f"{'out of date' if check else 'rewrote'}: {path}")
+    if check and changed:
+        raise SystemExit(1)
+
+
 if __name__ == "__main__":
     main()

@@ -150,7 +150,8 @@ def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
 
     if test is None:  # no official test split: cut val and test from the whole set
         val_idx, test_idx, train_idx = split_indices(len(y), p.seed, (p.val_fraction, p.test_fraction))
-        raw = {"train": (x[train_idx], y[train_idx]), "val": (x[val_idx], y[val_idx]), "test": (x[test_idx], y[test_idx])}
+        raw = {"train": (x[train_idx], y[train_idx]), "val": (x[val_idx], y[val_idx]),
+               "test": (x[test_idx], y[test_idx])}
     else:
         val_idx, train_idx = split_indices(len(y), p.seed, (p.val_fraction,))
         raw = {"train": (x[train_idx], y[train_idx]), "val": (x[val_idx], y[val_idx]), "test": test}

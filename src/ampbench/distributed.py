@@ -31,6 +31,9 @@ class World:
         return self.size > 1
 
 
+SINGLE = World()  # a process on its own
+
+
 def launched_by_torchrun() -> bool:
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -38,7 +41,7 @@ def launched_by_torchrun() -> bool:
 def init(device_type: str) -> World:
     """Join the process group torchrun set up (no-op for a single process)."""
     if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
-        return World()
+        return SINGLE
     world = World(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]))
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"

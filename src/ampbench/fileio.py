@@ -36,10 +36,18 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """``torch.save`` atomically."""
+    """``torch.save`` atomically, with the same bytes for the same object on every run.
+
+    torch.save names its zip entries after the file it writes to, so it writes to a buffer here: saved under the
+    temporary name, the bytes (and DVC's hashes) would differ on every run.
+    """
+    import io
+
     import torch
 
-    _atomic(path, lambda tmp: torch.save(obj, tmp))
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    _atomic(path, lambda tmp: tmp.write_bytes(buf.getvalue()))
 
 
 def atomic_savefig(fig, path: Path) -> None:

@@ -1,13 +1,17 @@
-"""The models a run can train: ``small_cnn`` (default), ``resnet18`` (torchvision, adapted to small inputs), ``mlp``.
+"""The models a run can train: ``small_cnn`` (default), ``resnet18`` (CIFAR-style, torchvision blocks), ``mlp``.
 
-Every model takes (N, C, H, W) float images and returns (N, classes) logits. Global pooling is a plain mean
-rather than AdaptiveAvgPool2d, whose CUDA backward has no deterministic kernel.
+Every model takes (N, C, H, W) float images and returns (N, classes) logits. ``train.width`` sets each model's
+width (``None``: the model's default, ``DEFAULT_WIDTH``). Global pooling is a plain mean rather than
+AdaptiveAvgPool2d, whose CUDA backward has no deterministic kernel.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+# What train.width means per model, and its value when train.width is null.
+DEFAULT_WIDTH = {"small_cnn": 16, "resnet18": 64, "mlp": 128}
 
 
 class GlobalMeanPool(nn.Module):
@@ -17,8 +21,9 @@ class GlobalMeanPool(nn.Module):
         return x.mean(dim=(2, 3))
 
 
-def small_cnn(in_channels: int, num_classes: int, width: int = 32) -> nn.Module:
-    """Two conv blocks and a linear head: quick on CPU for 8×8 digits, still conv-heavy enough to use tensor cores."""
+def small_cnn(in_channels: int, num_classes: int, width: int) -> nn.Module:
+    """Three conv blocks (``width``, 2×, 2× channels) and a linear head: quick on CPU for 8×8 digits, still
+    conv-heavy enough to use tensor cores."""
     w = width
     return nn.Sequential(
         nn.Conv2d(in_channels, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True),
@@ -30,19 +35,34 @@ def small_cnn(in_channels: int, num_classes: int, width: int = 32) -> nn.Module:
     )
 
 
-def resnet18(in_channels: int, num_classes: int, width: int = 64) -> nn.Module:
-    """torchvision ResNet-18 for small images: 3×3 stem with stride 1, no max-pool (CIFAR-style)."""
-    import torchvision
+def resnet18(in_channels: int, num_classes: int, width: int) -> nn.Module:
+    """ResNet-18 for small images from torchvision's ``BasicBlock``: 3×3 stem with stride 1, no max-pool
+    (CIFAR-style), four stages of two blocks with ``width``, 2×, 4×, 8× channels (64: the standard widths).
+    Initialised as torchvision initialises its ResNets."""
+    from torchvision.models.resnet import BasicBlock
 
-    model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
-    model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
-    model.maxpool = nn.Identity()
-    model.avgpool = GlobalMeanPool()
-    model.fc = nn.Linear(512, num_classes)  # GlobalMeanPool already flattens; torchvision's flatten is a no-op
+    layers: list[nn.Module] = [nn.Conv2d(in_channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+                               nn.ReLU(inplace=True)]
+    inplanes = width
+    for stage in range(4):
+        planes, stride = width * 2**stage, 1 if stage == 0 else 2
+        for block in range(2):
+            down = None
+            if block == 0 and (stride != 1 or inplanes != planes):
+                down = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes))
+            layers.append(BasicBlock(inplanes, planes, stride if block == 0 else 1, down))
+            inplanes = planes
+    model = nn.Sequential(*layers, GlobalMeanPool(), nn.Linear(inplanes, num_classes))
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
     return model
 
 
-def mlp(in_features: int, num_classes: int, width: int = 256) -> nn.Module:
+def mlp(in_features: int, num_classes: int, width: int) -> nn.Module:
     """Flatten → two hidden layers of ``width`` units → logits."""
     return nn.Sequential(
         nn.Flatten(),
@@ -64,13 +84,14 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, width: int) -> nn.Module:
-    """Build a model by name for inputs of ``input_shape`` = (C, H, W)."""
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, width: int | None) -> nn.Module:
+    """Build a model by name for inputs of ``input_shape`` = (C, H, W); ``width`` None: the model's default."""
+    if name not in DEFAULT_WIDTH:
+        raise ValueError(f"unknown model {name!r}")
     c, h, w = input_shape
+    width = DEFAULT_WIDTH[name] if width is None else width
     if name == "small_cnn":
         return small_cnn(c, num_classes, width)
     if name == "resnet18":
-        return resnet18(c, num_classes)
-    if name == "mlp":
-        return mlp(c * h * w, num_classes, max(width, 16) * 8)
-    raise ValueError(f"unknown model {name!r}")
+        return resnet18(c, num_classes, width)
+    return mlp(c * h * w, num_classes, width)

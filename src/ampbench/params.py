@@ -1,168 +1,232 @@
-"""The schema of params.yaml: one frozen model per section, validated before any work starts.
+"""The schema of params.yaml: one frozen dataclass per section, the single source of every default and comment.
 
-``load_params(path)`` reads and validates the whole file; a bad value raises ``ParamsError`` with one line that
-names the key, the value and what is allowed.
+Each key is declared once: its type, default, constraints and one-line doc (``knob``), and which stages read it
+(default: the section's own stage). From this, ``params_sync`` writes params.yaml's comments and dvc.yaml's
+``params:`` lists, and ``load_params(path)`` validates a file (pydantic), raising ``ParamsError`` with one line
+naming the key, the value and what is allowed. The classes are plain dataclasses so the training loop and the
+bench take them as they are, also on a GPU box without pydantic (annotations are only evaluated to validate).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
+from ampbench.arms import ABLATIONS, BASELINE, MAIN, NAMES
 from ampbench.errors import ParamsError
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "synthetic")
 MODELS = ("small_cnn", "resnet18", "mlp")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "cosine")
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-ABLATIONS = ("fp16_noscaler", "fp16_pure", "bf16_pure")  # opt-in arms that show what goes wrong
-BASELINE = "fp32"
+STAGES = ("prepare", "train", "evaluate")
+# The stages that read each section unless a key says otherwise (mlflow: where runs are logged).
+SECTION_STAGES = {"prepare": ("prepare",), "train": ("train",), "evaluate": ("evaluate",),
+                  "mlflow": ("train", "evaluate")}
+# extra="forbid": a typo such as `train.epoch` is an error instead of a silently ignored key.
+_FORBID_EXTRA = {"extra": "forbid"}
 
 
-class _Section(BaseModel):
-    # extra="forbid" turns a typo such as `epoch:` into an error instead of a silently ignored key.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def knob(doc: str, *, stages: tuple[str, ...] | None = None, **constraints: Any):
+    """Annotation metadata for one key: its comment in params.yaml, the stages whose outputs depend on it (None:
+    the section's stages; ``()``: none, e.g. display only) and pydantic constraints (gt=0, …).
+
+    Only evaluated when validating or syncing files, where pydantic is installed.
+    """
+    from pydantic import Field
+
+    extra = None if stages is None else {"stages": list(stages)}
+    return Field(description=doc, json_schema_extra=extra, **constraints)
 
 
+class _Section:
+    """Shared helpers of the section dataclasses."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (for MLflow params, resume keys and params.yaml)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class SyntheticParams(_Section):
-    image_size: int = Field(32, ge=4, le=1024, description="height = width of the generated images, pixels")
-    channels: int = Field(3, ge=1, le=16)
-    classes: int = Field(10, ge=2, le=1000)
-    count: int = Field(4096, ge=30, description="images generated in total, before the split")
-    noise: float = Field(1.0, ge=0, description="std of the Gaussian noise added to each class prototype")
+    __pydantic_config__ = _FORBID_EXTRA
+
+    image_size: Annotated[int, knob("height = width of the generated images, pixels", ge=4, le=1024)] = 32
+    channels: Annotated[int, knob("image channels", ge=1, le=16)] = 3
+    classes: Annotated[int, knob("number of classes", ge=2, le=1000)] = 10
+    count: Annotated[int, knob("images generated in total, before the split", ge=30)] = 4096
+    noise: Annotated[float, knob("std of the Gaussian noise added to each class prototype", ge=0)] = 1.0
 
 
+@dataclass(frozen=True)
 class PrepareParams(_Section):
-    dataset: Literal[DATASETS] = "digits"
-    download: bool = False
-    seed: int = Field(0, ge=0)
-    val_fraction: float = Field(0.15, gt=0, lt=0.5)
-    test_fraction: float = Field(0.15, gt=0, lt=0.5)
-    max_train: int | None = Field(None, ge=10, description="cap on the training split (None: all)")
-    synthetic: SyntheticParams = SyntheticParams()
+    __pydantic_config__ = _FORBID_EXTRA
+
+    dataset: Annotated[Literal[DATASETS], knob(
+        "digits (ships with scikit-learn) | mnist | fashion_mnist | cifar10 | synthetic")] = "digits"
+    download: Annotated[bool, knob("torchvision sets: fetch into data/raw when missing (needs network)")] = False
+    seed: Annotated[int, knob("seeds the train/val/test split", ge=0)] = 0
+    val_fraction: Annotated[float, knob("share of the data held out for validation", gt=0, lt=0.5)] = 0.15
+    test_fraction: Annotated[float, knob("share held out for testing; ignored for data sets with an official "
+                                         "test split", gt=0, lt=0.5)] = 0.15
+    max_train: Annotated[int | None, knob("cap on training samples (null: all)", ge=10)] = None
+    synthetic: Annotated[SyntheticParams, knob("used when dataset: synthetic")] = field(
+        default_factory=SyntheticParams)
 
 
+@dataclass(frozen=True)
 class GradScalerParams(_Section):
-    """torch.amp.GradScaler's settings, used by the fp16 arm."""
+    """torch.amp.GradScaler's settings, used by arms with a scaler (fp16)."""
 
-    init_scale: float = Field(2.0**16, gt=0)
-    growth_factor: float = Field(2.0, gt=1)
-    backoff_factor: float = Field(0.5, gt=0, lt=1)
-    growth_interval: int = Field(2000, ge=1)
+    __pydantic_config__ = _FORBID_EXTRA
+
+    init_scale: Annotated[float, knob("loss scale to start from", gt=0)] = 65536.0
+    growth_factor: Annotated[float, knob("scale × this after growth_interval steps without inf/NaN", gt=1)] = 2.0
+    backoff_factor: Annotated[float, knob("scale × this after a step with inf/NaN gradients", gt=0, lt=1)] = 0.5
+    growth_interval: Annotated[int, knob("steps without inf/NaN before the scale grows", ge=1)] = 2000
 
 
+@dataclass(frozen=True)
 class DivergenceParams(_Section):
     """When to stop an arm as diverged instead of training on garbage."""
 
-    min_loss_scale: float = Field(1.0, gt=0, description="fp16: a loss scale below this means overflow every step")
-    max_consecutive_skips: int = Field(50, ge=1, description="fp16: this many skipped steps in a row")
+    __pydantic_config__ = _FORBID_EXTRA
+
+    min_loss_scale: Annotated[float, knob("the fp16 loss scale fell below this: overflow on every step",
+                                          gt=0)] = 1.0
+    max_consecutive_skips: Annotated[int, knob("or this many optimizer steps in a row were skipped", ge=1)] = 50
 
 
+@dataclass(frozen=True)
 class TrainParams(_Section):
-    precisions: list[Literal[PRECISIONS + ABLATIONS]] = Field(default_factory=lambda: list(PRECISIONS), min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    model: Literal[MODELS] = "small_cnn"
-    width: int = Field(16, ge=1, le=4096, description="channels of the first conv / MLP units ÷ 8")
-    optimizer: Literal[OPTIMIZERS] = "adamw"
-    lr: float = Field(3e-3, gt=0, le=10)
-    weight_decay: float = Field(1e-4, ge=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    scheduler: Literal[SCHEDULERS] = "cosine"
-    epochs: int = Field(8, ge=1)
-    batch_size: int = Field(64, ge=1)
-    deterministic: bool = True
-    progress: bool = True
-    clip_grad_norm: float | None = Field(None, gt=0, description="clip the true (unscaled) gradient norm")
-    telemetry_every: int = Field(10, ge=1, description="steps between gradient underflow/overflow samples")
-    loss_multiplier: float = Field(1.0, gt=0, description="< 1 pushes gradients toward fp16's underflow range")
-    nproc_per_node: int = Field(1, ge=1, le=64, description="> 1: the train stage relaunches under torchrun (DDP)")
-    channels_last: bool = Field(False, description="channels_last memory format (faster convs on tensor cores)")
-    compile: bool = Field(False, description="torch.compile the model; compile time is reported separately")
-    cudnn_benchmark: bool = Field(False, description="let cuDNN time kernels and pick the fastest (not deterministic)")
-    grad_scaler: GradScalerParams = GradScalerParams()
-    divergence: DivergenceParams = DivergenceParams()
+    __pydantic_config__ = _FORBID_EXTRA
 
-    @model_validator(mode="after")
-    def _consistent(self) -> TrainParams:
-        if self.cudnn_benchmark and self.deterministic:
-            raise ValueError("cudnn_benchmark: picks kernels by timing, which is not deterministic: "
-                             "set train.deterministic: false to use it")
-        if self.batch_size % self.nproc_per_node:
-            raise ValueError(f"batch_size: {self.batch_size} does not split evenly over nproc_per_node="
-                             f"{self.nproc_per_node} processes (it is the global batch)")
-        return self
-
-    @field_validator("precisions", "seeds")
-    @classmethod
-    def _unique(cls, value: list) -> list:
-        if len(set(value)) != len(value):
-            raise ValueError(f"entries must be unique, got {value}")
-        return value
+    precisions: Annotated[list[Literal[NAMES]], knob(
+        f"arms to train; {BASELINE} is the baseline and must stay. Opt-in ablations: {', '.join(ABLATIONS)}",
+        # Not a dependency of the train stages: dvc.yaml's matrix makes one stage per entry.
+        stages=("evaluate",), min_length=1)] = field(default_factory=lambda: list(MAIN))
+    seeds: Annotated[list[int], knob("each arm trains once per seed and is compared with fp32 of the same seed",
+                                     stages=("train", "evaluate"), min_length=1)] = field(
+        default_factory=lambda: [0, 1, 2])
+    device: Annotated[Literal["auto", "cpu", "cuda"], knob("auto (CUDA when present) | cuda | cpu",
+                                                           stages=("train", "evaluate"))] = "auto"
+    model: Annotated[Literal[MODELS], knob("small_cnn | resnet18 | mlp")] = "small_cnn"
+    width: Annotated[int | None, knob(
+        "small_cnn: channels of the first conv (null: 16); resnet18: of the stem and first stage, doubled per "
+        "stage (null: 64); mlp: hidden units (null: 128)", ge=1, le=4096)] = None
+    optimizer: Annotated[Literal[OPTIMIZERS], knob("sgd | adam | adamw")] = "adamw"
+    lr: Annotated[float, knob("learning rate (the start of the cosine schedule)", gt=0, le=10)] = 0.003
+    weight_decay: Annotated[float, knob("decoupled for adamw, L2 for sgd and adam", ge=0)] = 0.0001
+    momentum: Annotated[float, knob("sgd only", ge=0, lt=1)] = 0.9
+    scheduler: Annotated[Literal[SCHEDULERS], knob("constant | cosine (per epoch, to zero)")] = "cosine"
+    epochs: Annotated[int, knob("passes over the training split", ge=1)] = 8
+    batch_size: Annotated[int, knob("samples per optimizer step (the global batch under DDP)", ge=1)] = 64
+    deterministic: Annotated[bool, knob("seed everything, deterministic kernels, cuDNN autotuning off")] = True
+    progress: Annotated[bool, knob("tqdm bar per epoch (on a terminal)", stages=())] = True
+    nproc_per_node: Annotated[int, knob("> 1: DDP through torchrun (gloo on CPU, NCCL on CUDA)", ge=1,
+                                        le=64)] = 1
+    channels_last: Annotated[bool, knob("GPU: channels_last memory format (faster convs on tensor cores)")] = False
+    compile: Annotated[bool, knob("torch.compile the model (first-epoch compile time reported apart)")] = False
+    cudnn_benchmark: Annotated[bool, knob("cuDNN autotuning; needs deterministic: false")] = False
+    clip_grad_norm: Annotated[float | None, knob("e.g. 1.0: clip the true (unscaled) gradient norm", gt=0)] = None
+    telemetry_every: Annotated[int, knob("steps between gradient underflow/overflow samples and divergence checks",
+                                         ge=1)] = 10
+    loss_multiplier: Annotated[float, knob("< 1 shrinks gradients toward fp16's underflow range (stress test of "
+                                           "the scaler); reported losses stay unscaled", gt=0)] = 1.0
+    grad_scaler: Annotated[GradScalerParams, knob("torch.amp.GradScaler settings (fp16 arm)")] = field(
+        default_factory=GradScalerParams)
+    divergence: Annotated[DivergenceParams, knob("stop an arm (run FAILED, comparison shows \"diverged\") when:")] = (
+        field(default_factory=DivergenceParams))
 
 
+@dataclass(frozen=True)
 class MarginParams(_Section):
-    """Equivalence margins: a difference whose whole 95% CI lies within ±margin counts as equivalent."""
+    """Equivalence margins: a difference whose whole confidence interval lies within ±margin counts as equivalent."""
 
-    accuracy_pp: float = Field(0.5, ge=0, description="test accuracy, percentage points")
-    loss: float = Field(0.02, ge=0, description="test cross-entropy, nats")
+    __pydantic_config__ = _FORBID_EXTRA
+
+    accuracy_pp: Annotated[float, knob("|Δ test accuracy| in percentage points", ge=0)] = 0.5
+    loss: Annotated[float, knob("|Δ test loss| in nats", ge=0)] = 0.02
 
 
+@dataclass(frozen=True)
 class EvaluateParams(_Section):
-    batch_size: int = Field(1024, ge=1)
-    confidence: float = Field(0.95, gt=0.5, lt=1)
-    calibration_bins: int = Field(15, ge=2)
-    margin: MarginParams = MarginParams()
+    __pydantic_config__ = _FORBID_EXTRA
+
+    batch_size: Annotated[int, knob("test samples per forward pass", ge=1)] = 1024
+    confidence: Annotated[float, knob("of the paired-difference intervals (Student t over seeds)", gt=0.5,
+                                      lt=1)] = 0.95
+    calibration_bins: Annotated[int, knob("bins of the expected calibration error", ge=2)] = 15
+    margin: Annotated[MarginParams, knob("equivalence margins for the verdicts")] = field(
+        default_factory=MarginParams)
 
 
+@dataclass(frozen=True)
 class MlflowParams(_Section):
-    experiment: str = Field("ampbench", min_length=1)
-    log_model: bool = True
+    __pydantic_config__ = _FORBID_EXTRA
+
+    experiment: Annotated[str, knob("MLflow experiment name", min_length=1)] = "ampbench"
+    log_model: Annotated[bool, knob("mlflow.pytorch.log_model per run (loadable with mlflow.pytorch.load_model)",
+                                    stages=("train",))] = True
 
 
+@dataclass(frozen=True)
 class Params(_Section):
-    prepare: PrepareParams = PrepareParams()
-    train: TrainParams = TrainParams()
-    evaluate: EvaluateParams = EvaluateParams()
-    mlflow: MlflowParams = MlflowParams()
+    __pydantic_config__ = _FORBID_EXTRA
 
-    @model_validator(mode="after")
-    def _baseline_present(self) -> Params:
-        if BASELINE not in self.train.precisions:
-            raise ValueError(
-                f"must include the {BASELINE} baseline: every arm is evaluated against it "
-                f"(got {self.train.precisions})"
-            )
-        return self
+    prepare: PrepareParams = field(default_factory=PrepareParams)
+    train: TrainParams = field(default_factory=TrainParams)
+    evaluate: EvaluateParams = field(default_factory=EvaluateParams)
+    mlflow: MlflowParams = field(default_factory=MlflowParams)
+
+
+def _cross_checks(p: Params) -> list[tuple[str, str]]:
+    """(key, reason) for combinations of values that are each valid alone but not together."""
+    tp = p.train
+    problems = []
+    if BASELINE not in tp.precisions:
+        problems.append(("train.precisions", f"must include the {BASELINE} baseline: every arm is evaluated "
+                                             f"against it (got {tp.precisions})"))
+    for key in ("precisions", "seeds"):
+        value = getattr(tp, key)
+        if len(set(value)) != len(value):
+            problems.append((f"train.{key}", f"entries must be unique, got {value}"))
+    if tp.cudnn_benchmark and tp.deterministic:
+        problems.append(("train.cudnn_benchmark", "picks kernels by timing, which is not deterministic: set "
+                                                  "train.deterministic: false to use it"))
+    if tp.batch_size % tp.nproc_per_node:
+        problems.append(("train.batch_size", f"{tp.batch_size} does not split evenly over nproc_per_node="
+                                             f"{tp.nproc_per_node} processes (it is the global batch)"))
+    return problems
 
 
 def _describe(error: dict[str, Any]) -> str:
     where = ".".join(str(p) for p in error["loc"]) or "params"
-    if error["type"] == "extra_forbidden":
+    if error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
         return f"{where}: unknown key (a typo?)"
-    msg = error["msg"].removeprefix("Value error, ")
     got = error.get("input")
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
-    return f"{where}: {msg}{shown}"
+    return f"{where}: {error['msg']}{shown}"
 
 
-def validate(raw: dict[str, Any]) -> Params:
-    """Validate a params mapping; raise ParamsError naming the first bad key."""
+def validate(raw: dict[str, Any] | None) -> Params:
+    """Validate a params mapping; raise ParamsError naming the first bad key (and how many more there are)."""
+    from pydantic import TypeAdapter, ValidationError
+
     try:
-        return Params.model_validate(raw or {})
+        params = TypeAdapter(Params).validate_python(raw or {})
     except ValidationError as exc:
         errors = exc.errors()
-        first = errors[0]
-        if not first["loc"]:  # whole-file check: attribute it to the key it is about
-            first = {**first, "loc": ("train", "precisions")}
-        elif first["loc"] == ("train",) and first["type"] == "value_error":  # "key: reason" from _consistent
-            key, _, reason = first["msg"].removeprefix("Value error, ").partition(": ")
-            first = {**first, "loc": ("train", key), "msg": reason, "input": {}}
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ParamsError(_describe(first) + more) from None
+        raise ParamsError(_describe(errors[0]) + more) from None
+    problems = _cross_checks(params)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        key, reason = problems[0]
+        raise ParamsError(f"{key}: {reason}{more}")
+    return params
 
 
 def load_params(path: str | Path) -> Params:

@@ -1,20 +1,10 @@
-"""The one place that turns a precision name into everything it implies.
+"""The one place that turns a precision arm (from the registry in ``arms.py``) into torch objects.
 
 ``resolve_policy("fp16", device)`` returns a ``PrecisionPolicy``: the autocast context, the GradScaler, and the
-TF32 backend flags. The training loop uses whatever the policy hands it and never branches on the name.
+TF32 backend flags, or raises ``ArmUnavailable`` when the device cannot run the arm as named. The training loop
+uses whatever the policy hands it and never branches on the name.
 
-| arm  | autocast dtype | GradScaler | TF32 (CUDA matmul + cuDNN conv) |
-|------|----------------|------------|---------------------------------|
-| fp32 | off            | off        | off ("ieee"): the strict baseline |
-| tf32 | off            | off        | on ("tf32"), CUDA compute capability ≥ 8.0 only |
-| fp16 | float16        | on         | off |
-| bf16 | bfloat16       | off        | off |
-
-Ablations (opt-in; they show what the tutorial warns about):
-
-| fp16_noscaler | float16 autocast | off | off | — gradients that underflow in fp16 are lost |
-| fp16_pure     | none: model and inputs ``.half()`` | off | off | — no float32 master weights |
-| bf16_pure     | none: model and inputs ``.to(bfloat16)`` | off | off | — no float32 master weights |
+What each arm means is data in ``arms.py``; the README's "precision arms" table says it in words.
 """
 
 from __future__ import annotations
@@ -24,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ampbench import arms
 from ampbench.errors import ArmUnavailable, DeviceError
+from ampbench.params import GradScalerParams
 
 
 @dataclass(frozen=True)
@@ -53,12 +45,15 @@ class PrecisionPolicy:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
 
-    def grad_scaler(self, **settings: float) -> torch.amp.GradScaler:
-        """A GradScaler for this arm; disabled (a pass-through) unless the arm is fp16 autocast.
+    def grad_scaler(self, settings: GradScalerParams | None = None) -> torch.amp.GradScaler:
+        """A GradScaler for this arm; disabled (a pass-through) unless the arm has a scaler (fp16 autocast).
 
-        ``settings``: init_scale, growth_factor, backoff_factor, growth_interval (GradScaler's arguments).
+        ``settings``: the ``train.grad_scaler`` params group (None: its defaults).
         """
-        return torch.amp.GradScaler(self.device_type, enabled=self.use_scaler, **settings)
+        s = settings or GradScalerParams()
+        return torch.amp.GradScaler(self.device_type, enabled=self.use_scaler, init_scale=s.init_scale,
+                                    growth_factor=s.growth_factor, backoff_factor=s.backoff_factor,
+                                    growth_interval=s.growth_interval)
 
     def apply_backend_flags(self) -> None:
         """Set the fp32 math mode for CUDA matmuls and cuDNN convolutions, explicitly, for every arm.
@@ -103,30 +98,26 @@ def cudnn_legacy_flags_readable():
         conv.fp32_precision, rnn.fp32_precision = saved
 
 
-_ARMS = {
-    # name: (autocast dtype, scaler, tf32, parameter dtype)
-    "fp32": (None, False, False, torch.float32),
-    "tf32": (None, False, True, torch.float32),
-    "fp16": (torch.float16, True, False, torch.float32),
-    "bf16": (torch.bfloat16, False, False, torch.float32),
-    # ablations
-    "fp16_noscaler": (torch.float16, False, False, torch.float32),
-    "fp16_pure": (None, False, False, torch.float16),
-    "bf16_pure": (None, False, False, torch.bfloat16),
-}
-ABLATIONS = ("fp16_noscaler", "fp16_pure", "bf16_pure")
-
-
 def _cuda_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
+def policy_for(arm: arms.Arm, device_type: str) -> PrecisionPolicy:
+    """The registry entry as torch objects for ``device_type``, without asking whether the device can run it."""
+    return PrecisionPolicy(name=arm.name, device_type=device_type,
+                           autocast_dtype=getattr(torch, arm.autocast) if arm.autocast else None,
+                           use_scaler=arm.scaler, tf32=arm.tf32, param_dtype=getattr(torch, arm.param_dtype),
+                           ablation=arm.ablation)
+
+
 def resolve_policy(name: str, device: torch.device) -> PrecisionPolicy:
     """The policy for arm ``name`` on ``device``; ArmUnavailable if the device cannot run it as named."""
-    if name not in _ARMS:
-        raise ArmUnavailable(f"unknown precision {name!r}; known: {', '.join(_ARMS)}")
-    dtype, scaler, tf32, param_dtype = _ARMS[name]
-    low = dtype or param_dtype  # the 16-bit type this arm computes in, if any
+    try:
+        policy = policy_for(arms.get(name), device.type)
+    except KeyError as exc:
+        raise ArmUnavailable(exc.args[0]) from None
+    tf32 = policy.tf32
+    low = policy.autocast_dtype or policy.param_dtype  # the 16-bit type this arm computes in, if any
     if device.type == "cuda":
         major, minor = _cuda_capability(device)
         if tf32 and major < 8:
@@ -139,8 +130,7 @@ def resolve_policy(name: str, device: torch.device) -> PrecisionPolicy:
             raise ArmUnavailable("tf32 is a CUDA tensor-core mode; on CPU it would run as plain fp32")
     else:
         raise ArmUnavailable(f"device type {device.type!r} is not supported (cpu or cuda)")
-    return PrecisionPolicy(name=name, device_type=device.type, autocast_dtype=dtype, use_scaler=scaler, tf32=tf32,
-                           param_dtype=param_dtype, ablation=name in ABLATIONS)
+    return policy
 
 
 def resolve_device(requested: str) -> torch.device:

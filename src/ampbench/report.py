@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ampbench.arms import BASELINE
+
 CURVE_KEYS = ("train_loss", "val_loss", "val_accuracy", "loss_scale")
 # Also written to the DVC plot rows (not drawn in the PNG): the scaler and underflow story per epoch.
 PLOT_EXTRA_KEYS = ("grad_underflow_frac", "scaled_grad_underflow_frac", "grad_zero_frac", "grad_norm",
@@ -73,7 +75,7 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
         c = comparison[a.arm]
         ci = ("" if c.get("delta_accuracy_pp_ci_low") is None
               else f" [{c['delta_accuracy_pp_ci_low']:+.2f}, {c['delta_accuracy_pp_ci_high']:+.2f}]")
-        delta = "—" if a.arm == "fp32" else f"{c['delta_accuracy_pp']:+.2f}{ci}"
+        delta = "—" if a.arm == BASELINE else f"{c['delta_accuracy_pp']:+.2f}{ci}"
         lines.append(
             f"| {name} | **{c['verdict']}** | {delta} | {100 * c['test_accuracy']:.2f}% | {c['delta_loss']:+.4f} "
             f"| {100 * c['agreement_vs_fp32']:.2f}% | {c['kl_vs_fp32']:.2e} | {c['delta_ece']:+.4f} "
@@ -81,14 +83,15 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
             f"| {_fmt(c.get('memory_vs_fp32'), '.2f', '×')} | {c['skipped_steps']} |")
     lines += ["", "Why each verdict:", ""]
     for a in arms:
-        if a.ran and a.arm != "fp32":
+        if a.ran and a.arm != BASELINE:
             lines.append(f"- **{a.arm}**: {a.stats['verdict']}: {a.stats['verdict_reason']}. "
                          f"Loss: {a.stats['loss_verdict']}: {a.stats['loss_verdict_reason']}.")
     lines += ["", "Throughput (median over timing windows after warm-up) and peak memory:", ""]
     for a in arms:
         if a.ran:
             c = comparison[a.arm]
-            lines.append(f"- **{a.arm}**: {c['samples_per_s']:,.0f} samples/s, peak memory {c['peak_memory_mb']:,.0f} MB")
+            lines.append(f"- **{a.arm}**: {c['samples_per_s']:,.0f} samples/s, "
+                         f"peak memory {c['peak_memory_mb']:,.0f} MB")
     lines += ["", "What ran per arm (read back from torch):", ""]
     for a in arms:
         if a.ran:
@@ -111,7 +114,7 @@ def _pyplot():
 def accuracy_delta_figure(arms: list[ArmReport], margin_pp: float):
     """Δaccuracy vs fp32 per arm (pp) with its confidence interval, and the equivalence margin shaded."""
     plt = _pyplot()
-    ran = [a for a in arms if a.ran and a.arm != "fp32"]
+    ran = [a for a in arms if a.ran and a.arm != BASELINE]
     fig, ax = plt.subplots(figsize=(7, 0.6 * max(len(ran), 1) + 1.6))
     ax.axvspan(-margin_pp, margin_pp, color="tab:green", alpha=0.12, label=f"±{margin_pp} pp margin")
     ax.axvline(0, color="grey", lw=0.8)
@@ -141,7 +144,7 @@ def speed_memory_figure(comparison: dict[str, dict]):
     for ax, key, title in ((axes[0], "speedup_vs_fp32", "throughput × fp32"),
                            (axes[1], "memory_vs_fp32", "peak memory × fp32")):
         values = [comparison[a].get(key) or 0 for a in arms]
-        ax.bar(arms, values, color=["tab:grey" if a == "fp32" else "tab:blue" for a in arms])
+        ax.bar(arms, values, color=["tab:grey" if a == BASELINE else "tab:blue" for a in arms])
         ax.axhline(1, color="black", lw=0.8)
         for i, v in enumerate(values):
             ax.annotate(f"{v:.2f}×", (i, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
@@ -159,10 +162,10 @@ def curves_figure(arms: list[ArmReport]):
     for i, a in enumerate(x for x in arms if x.ran):
         for j, (seed, history) in enumerate(sorted(a.histories.items())):
             epochs = [r["epoch"] for r in history]
-            for ax, key in zip(axes.flat, CURVE_KEYS):
+            for ax, key in zip(axes.flat, CURVE_KEYS, strict=True):
                 ax.plot(epochs, [r[key] for r in history], color=colours[i % len(colours)], alpha=0.85,
                         linestyle=("-", "--", ":", "-.")[j % 4], label=f"{a.arm} seed{seed}")
-    for ax, key in zip(axes.flat, CURVE_KEYS):
+    for ax, key in zip(axes.flat, CURVE_KEYS, strict=True):
         ax.set_title(key.replace("_", " "))
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)

@@ -80,7 +80,7 @@ def expected_calibration_error(probs, labels, bins: int = 15) -> float:
     correct = (pred == labels).float()
     edges = torch.linspace(0, 1, bins + 1, device=probs.device)
     ece = torch.zeros((), device=probs.device)
-    for lo, hi in zip(edges[:-1], edges[1:]):
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
         inside = (conf > lo) & (conf <= hi)
         if inside.any():
             ece += inside.float().mean() * (correct[inside].mean() - conf[inside].mean()).abs()

@@ -51,7 +51,8 @@ class GradProbe:
         self.counts[kind] += torch.cat([self.numel[:, None], torch.stack(rows)], dim=1)
         if kind == "true":
             grads = [p.grad.detach().float() for p in model.parameters() if p.grad is not None]
-            self.norm_sum += torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).double()
+            norms = torch.stack([torch.linalg.vector_norm(g) for g in grads])
+            self.norm_sum += torch.linalg.vector_norm(norms).double()
             self.samples += 1
 
     def epoch_summary(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
@@ -66,7 +67,7 @@ class GradProbe:
                 glob[f"{prefix}_{key}"] = float(total[col] / total[1]) if total[1] > 0 else 0.0
             glob[f"{prefix}_overflow_frac"] = float(total[4] / total[0]) if total[0] > 0 else 0.0
             glob[f"{prefix}_zero_frac"] = float(1 - total[1] / total[0]) if total[0] > 0 else 0.0
-            for name, row in zip(self.names, c):
+            for name, row in zip(self.names, c, strict=True):
                 layers[name][f"{prefix}_underflow_frac"] = float(row[2] / row[1]) if row[1] > 0 else 0.0
                 layers[name][f"{prefix}_overflow_frac"] = float(row[4] / row[0]) if row[0] > 0 else 0.0
                 layers[name][f"{prefix}_zero_frac"] = float(1 - row[1] / row[0]) if row[0] > 0 else 0.0

@@ -190,19 +190,29 @@ def run(name: str, tags: dict[str, str], params: dict[str, str], run_id: str | N
             signal.signal(sig, handler)
 
 
-def log_epoch(row: dict[str, Any]) -> None:
+@contextmanager
+def scratch_run(folder: Path) -> Iterator[None]:
+    """A throwaway SQLite store in ``folder`` with one open run, to time the real logging path (the bench).
+    Raises ImportError when mlflow is not installed."""
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{Path(folder).resolve() / 'bench.db'}")
+    exp = mlflow.create_experiment("bench", artifact_location=(Path(folder).resolve() / "artifacts").as_uri())
+    with mlflow.start_run(experiment_id=exp):
+        yield
+
+
+def log_epoch(row: dict[str, float], steps: list[dict[str, float]] = ()) -> None:
     """One epoch's metrics, stepped by epoch so the UI's charts line runs up, plus the rows sampled every
     ``telemetry_every`` steps (under ``step/``, stepped by global step): one batched call per epoch."""
-    import time
-
     import mlflow
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     now = int(time.time() * 1000)
     epoch = int(row["epoch"])
-    metrics = [Metric(k, float(v), now, epoch) for k, v in row.items() if k not in ("epoch", "steps")]
-    for sample in row.get("steps", []):
+    metrics = [Metric(k, float(v), now, epoch) for k, v in row.items() if k != "epoch"]
+    for sample in steps:
         metrics += [Metric(f"step/{k}", float(v), now, int(sample["step"])) for k, v in sample.items() if k != "step"]
     client, run_id = MlflowClient(), mlflow.active_run().info.run_id
     for start in range(0, len(metrics), 1000):  # MLflow accepts at most 1000 metrics per batch
@@ -252,8 +262,6 @@ def log_model(model, input_example, requirements: list[str]) -> str:
 
 def update_run(run_id: str, metrics: dict[str, float], tags: dict[str, str]) -> None:
     """Add metrics and tags to an existing (finished) run without reopening it."""
-    import time
-
     from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 

@@ -2,15 +2,15 @@
 
 The step is exactly the seed's: forward and loss inside ``policy.autocast()``; ``scaler.scale(loss).backward()``;
 ``scaler.step(optimizer)``; ``scaler.update()``. For arms without a scaler the scaler is disabled and passes
-through, so the loop has one code path for every precision. Data stays on the device as tensors and is batched
-by indexing; running sums stay on the device and are read once per epoch (no per-step host sync).
+through, so the loop has one code path for every precision. Its settings are the validated ``train`` params,
+passed whole (``LoopConfig.train``). Data stays on the device as tensors and is batched by indexing; running sums
+stay on the device and are read once per epoch (no per-step host sync). Side concerns live in ``monitor.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -20,38 +20,21 @@ from torch import nn
 
 from ampbench import distributed
 from ampbench.data import Split
-from ampbench.distributed import World
-from ampbench.errors import AmpbenchError
+from ampbench.distributed import SINGLE, World
 from ampbench.models import unwrap
+from ampbench.monitor import Progress, ScalerHealth, WindowTimer, sync_guard
+from ampbench.params import TrainParams
 from ampbench.precision import PrecisionPolicy
 from ampbench.telemetry import GradProbe
 
 
-class Diverged(AmpbenchError):
-    """Training of one arm went numerically wrong; the message says how."""
-
-
 @dataclass(frozen=True)
-class TrainConfig:
-    """Everything the loop needs besides model, data and precision."""
+class LoopConfig:
+    """What ``fit`` needs besides model, data and precision: the train params whole, and how to measure."""
 
-    epochs: int
-    batch_size: int
-    lr: float
-    optimizer: str = "adamw"
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    scheduler: str = "cosine"
-    seed: int = 0
-    eval_batch_size: int = 1024
-    progress: bool = False
-    log_every: int = 50  # steps between progress-bar loss updates (each one reads the loss: a host sync)
-    clip_grad_norm: float | None = None  # applied to the true (unscaled) gradients
-    telemetry_every: int = 10  # steps between gradient samples and divergence checks (each reads from device)
-    loss_multiplier: float = 1.0  # < 1 pushes gradients toward fp16's underflow range (stress tests)
-    scaler_settings: dict = field(default_factory=dict)  # GradScaler init_scale, growth_factor, ...
-    min_loss_scale: float = 1.0  # divergence: loss scale below this
-    max_consecutive_skips: int = 50  # divergence: this many skipped steps in a row
+    train: TrainParams
+    seed: int = 0  # seeds the data order
+    eval_batch_size: int = 1024  # validation samples per forward pass
     warmup_steps: int = 5  # steps excluded from throughput timing (allocator, autotuning, caches)
     timing_window: int = 10  # steps per throughput window; each window boundary syncs with the device once
     sync_debug: bool = False  # CUDA: raise if a steady-state step (not a sampled one) syncs with the host
@@ -70,39 +53,53 @@ class TrainState:
     step: int = 0  # optimizer steps attempted (skipped ones included)
 
 
-@dataclass
-class TrainResult:
-    history: list[dict[str, float]] = field(default_factory=list)  # one row per epoch
-    layers: list[dict[str, dict[str, float]]] = field(default_factory=list)  # per epoch: per-parameter telemetry
+@dataclass(frozen=True)
+class EpochRecord:
+    """Everything one epoch produced: the loop's single output, passed to ``on_epoch`` and returned by ``fit``."""
 
+    epoch: int  # 1-based
+    train_loss: float  # mean cross-entropy over the epoch's training samples (without train.loss_multiplier)
+    train_accuracy: float
+    val_loss: float
+    val_accuracy: float
+    samples_per_s: float  # whole epoch, validation excluded
+    epoch_seconds: float
+    loss_scale: float  # at the end of the epoch; 1.0 without a scaler
+    skipped_steps: int  # optimizer steps the scaler skipped this epoch
+    lr: float  # after this epoch's scheduler step
+    grads: dict[str, float]  # gradient range shares and mean norm over sampled steps (telemetry.GradProbe)
+    steps: list[dict[str, float]] = field(default_factory=list)  # sampled steps: step, loss, skips, scale
+    layers: dict[str, dict[str, float]] = field(default_factory=dict)  # per-parameter gradient shares
     windows: list[float] = field(default_factory=list)  # samples/s of each timing window after warm-up
 
-    @property
-    def samples_per_s(self) -> float:
-        """Median throughput over timing windows after warm-up; falls back to per-epoch rates (first epoch
-        excluded) when the run was too short for a single window."""
-        if self.windows:
-            return statistics.median(self.windows)
-        rates = [row["samples_per_s"] for row in self.history]
-        return statistics.median(rates[1:] if len(rates) > 1 else rates)
-
-    @property
-    def skipped_steps(self) -> int:
-        return int(sum(row["skipped_steps"] for row in self.history))
+    def row(self) -> dict[str, float]:
+        """The epoch's metrics as one flat history row (history.json, MLflow, DVC plots)."""
+        skip = ("grads", "steps", "layers", "windows")
+        return {**{k: v for k, v in dataclasses.asdict(self).items() if k not in skip}, **self.grads}
 
 
-def make_optimizer(name: str, params, lr: float, weight_decay: float, momentum: float,
-                   device: torch.device) -> torch.optim.Optimizer:
+def throughput(records: list[EpochRecord]) -> float:
+    """Median samples/s over the timing windows after warm-up; per-epoch rates (first epoch excluded) when the
+    run was too short for a single window."""
+    windows = [w for r in records for w in r.windows]
+    if windows:
+        return statistics.median(windows)
+    rates = [r.samples_per_s for r in records]
+    return statistics.median(rates[1:] if len(rates) > 1 else rates)
+
+
+def make_optimizer(tp: TrainParams, params, device: torch.device) -> torch.optim.Optimizer:
     """SGD / Adam / AdamW, fused where the device allows: a fused optimizer lets GradScaler skip inf steps
     inside the kernel instead of reading ``found_inf`` on the host every step."""
     fused = device.type in ("cuda", "cpu")
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=fused)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=fused)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
-    raise ValueError(f"unknown optimizer {name!r}")
+    common = {"lr": tp.lr, "weight_decay": tp.weight_decay, "fused": fused}
+    if tp.optimizer == "sgd":
+        return torch.optim.SGD(params, momentum=tp.momentum, **common)
+    if tp.optimizer == "adam":
+        return torch.optim.Adam(params, **common)
+    if tp.optimizer == "adamw":
+        return torch.optim.AdamW(params, **common)
+    raise ValueError(f"unknown optimizer {tp.optimizer!r}")
 
 
 def make_scheduler(name: str, optimizer: torch.optim.Optimizer, epochs: int):
@@ -114,20 +111,21 @@ def make_scheduler(name: str, optimizer: torch.optim.Optimizer, epochs: int):
     raise ValueError(f"unknown scheduler {name!r}")
 
 
-def init_state(model: nn.Module, policy: PrecisionPolicy, cfg: TrainConfig, device: torch.device) -> TrainState:
+def init_state(model: nn.Module, policy: PrecisionPolicy, cfg: LoopConfig, device: torch.device) -> TrainState:
     """Fresh optimizer, scheduler, scaler and data-order generator for ``model`` (already on ``device``)."""
-    optimizer = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr, cfg.weight_decay, cfg.momentum, device)
+    tp = cfg.train
+    optimizer = make_optimizer(tp, model.parameters(), device)
     return TrainState(
         model=model,
         optimizer=optimizer,
-        scheduler=make_scheduler(cfg.scheduler, optimizer, cfg.epochs),
-        scaler=policy.grad_scaler(**cfg.scaler_settings),
+        scheduler=make_scheduler(tp.scheduler, optimizer, tp.epochs),
+        scaler=policy.grad_scaler(tp.grad_scaler),
         generator=torch.Generator().manual_seed(cfg.seed),
     )
 
 
 def train_step(model, optimizer, scaler, policy: PrecisionPolicy, x: torch.Tensor, y: torch.Tensor,
-               clip_grad_norm: float | None = None, probe: GradProbe | None = None, loss_multiplier: float = 1.0):
+               tp: TrainParams, probe: GradProbe | None = None):
     """One optimizer step, the tutorial's order. Returns (loss, logits), both still on the device.
 
     With clipping or a probe: scale → backward → ``unscale_`` → clip → step → update, so the clip threshold
@@ -137,16 +135,16 @@ def train_step(model, optimizer, scaler, policy: PrecisionPolicy, x: torch.Tenso
     with policy.autocast():
         logits = model(x)
         # float32 loss for every arm (autocast would keep cross_entropy in float32 anyway; the *_pure arms don't)
-        loss = F.cross_entropy(logits.float(), y) * loss_multiplier
-    scaler.scale(loss).backward()  # scale up so small fp16 gradients survive
+        loss = F.cross_entropy(logits.float(), y)
+    scaler.scale(loss * tp.loss_multiplier).backward()  # scale up so small fp16 gradients survive
     if probe is not None:
         probe.sample(model, "scaled")  # what the scaler protects: gradients as backward left them
-    if clip_grad_norm is not None or probe is not None:
+    if tp.clip_grad_norm is not None or probe is not None:
         scaler.unscale_(optimizer)  # true gradients from here on
         if probe is not None:
             probe.sample(model, "true")
-        if clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
+        if tp.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tp.clip_grad_norm)
     scaler.step(optimizer)  # unscale (unless done above), then step unless inf/NaN
     scaler.update()  # adjust the scale factor
     return loss, logits
@@ -175,171 +173,85 @@ def _batches(n: int, batch_size: int, generator: torch.Generator, device: torch.
             yield idx
 
 
-def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cfg: TrainConfig,
-        on_epoch: Callable[[dict[str, float], TrainState], None] | None = None,
-        world: World = World()) -> TrainResult:
-    """Train ``state.model`` from ``state.epoch`` to ``cfg.epochs``; call ``on_epoch(row, state)`` after each.
+class _EpochSums:
+    """One epoch's running loss and accuracy sums, kept on the device (summed over ranks at the end)."""
 
-    ``row`` holds the epoch's metrics and, under ``"steps"``, rows sampled every ``cfg.telemetry_every`` steps
-    (global step, loss, loss scale, skipped steps so far), under ``"layers"`` the per-parameter telemetry,
-    under ``"windows"`` the throughput (samples/s) of each timing window after warm-up. A resumed run passes
-    a state restored from a checkpoint (``state.epoch`` > 0) and continues exactly where it stopped.
+    def __init__(self, device: torch.device):
+        self.loss = torch.zeros((), device=device)
+        self.correct = torch.zeros((), device=device, dtype=torch.int64)
+        self.seen = self.steps = 0  # global samples and steps
+        self.sampled: list[dict[str, float]] = []  # rows of the steps sampled for telemetry
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, global_batch: int) -> None:
+        self.loss += loss.detach().float() * len(y)
+        self.correct += (logits.argmax(dim=1) == y).sum()
+        self.seen += global_batch
+        self.steps += 1
+
+    def reduce(self, world: World) -> tuple[float, float]:
+        """(mean loss, accuracy) over every rank's share of the epoch."""
+        distributed.sum_(self.loss, world)
+        distributed.sum_(self.correct, world)
+        n = max(self.seen, 1)
+        return (self.loss / n).item(), self.correct.item() / n
+
+
+def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cfg: LoopConfig,
+        on_epoch: Callable[[EpochRecord, TrainState], None] | None = None,
+        world: World = SINGLE) -> list[EpochRecord]:
+    """Train ``state.model`` from ``state.epoch`` to ``train.epochs``; call ``on_epoch(record, state)`` after each
+    epoch and return the records. A resumed run passes a state restored from a checkpoint (``state.epoch`` > 0)
+    and continues exactly where it stopped.
 
     ``train`` and ``val`` must already be on the model's device. With several ranks (``world``), every rank
     walks the same global batches and trains on its slice; ``state.model`` is DDP-wrapped; sums are all-reduced
     and samples/s counts the global batch.
     """
-    model, device = state.model, train.x.device
+    tp, model, device = cfg.train, state.model, train.x.device
     train_x = policy.cast_input(train.x)  # once, not per step (a no-op unless a *_pure ablation)
     probe = GradProbe(unwrap(model), device)
-    result = TrainResult()
-    # Scaling a dummy value makes GradScaler create its scale tensor now, so the very first step's skip
-    # (the default 2**16 scale often overflows at once) is counted too. A disabled scaler returns it unchanged.
-    state.scaler.scale(torch.zeros((), device=device))
-    for epoch in range(state.epoch, cfg.epochs):
+    health = ScalerHealth(policy.name, state.scaler, tp.divergence, device)
+    timer = WindowTimer(device, cfg.timing_window, cfg.warmup_steps, steps_done=state.step)
+    records = []
+    for epoch in range(state.epoch, tp.epochs):
         model.train()
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), device=device, dtype=torch.int64)
-        skipped = torch.zeros((), device=device, dtype=torch.int64)
-        run_of_skips = torch.zeros((), device=device, dtype=torch.int64)  # consecutive skipped steps so far
-        longest_skips = torch.zeros((), device=device, dtype=torch.int64)
-        seen = steps = 0
-        step_rows: list[dict[str, float]] = []
-        bar = _progress_bar(cfg, len(train), f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{cfg.epochs}")
-        _sync(device)
-        t0 = window_t0 = time.perf_counter()
-        window_steps = window_samples = 0
-        windows: list[float] = []
-        for idx in _batches(len(train), cfg.batch_size, state.generator, device, world.size):
-            sample = steps % cfg.telemetry_every == 0
-            with _sync_guard(cfg.sync_debug and not sample and device.type == "cuda"):
+        health.new_epoch()
+        sums = _EpochSums(device)
+        progress = Progress(tp.progress, len(train), f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{tp.epochs}")
+        timer.start()
+        for idx in _batches(len(train), tp.batch_size, state.generator, device, world.size):
+            sample = sums.steps % tp.telemetry_every == 0  # this step feeds telemetry and the divergence check
+            with sync_guard(cfg.sync_debug and not sample and device.type == "cuda"):
                 mine = distributed.shard(idx, world)  # this rank's slice of the global batch
                 x, y = train_x[mine], train.y[mine]
-                scale_before = _scale_tensor(state.scaler)
-                loss, logits = train_step(model, state.optimizer, state.scaler, policy, x, y, cfg.clip_grad_norm,
-                                          probe if sample else None, cfg.loss_multiplier)
-                if scale_before is not None:  # the scaler lowers its scale exactly when it skipped the step
-                    was_skipped = (_scale_tensor(state.scaler) < scale_before).long()
-                    skipped += was_skipped
-                    run_of_skips = (run_of_skips + was_skipped) * was_skipped
-                    longest_skips = torch.maximum(longest_skips, run_of_skips)
-                loss_sum += loss.detach().float() * len(mine)
-                correct += (logits.argmax(dim=1) == y).sum()
-            seen += len(idx)
-            steps += 1
+                with health.watch():
+                    loss, logits = train_step(model, state.optimizer, state.scaler, policy, x, y, tp,
+                                              probe if sample else None)
+                sums.add(loss, logits, y, len(idx))
             state.step += 1
-            bar.update(len(idx))
-            window_steps += 1
-            window_samples += len(idx)
-            if window_steps == cfg.timing_window:  # windows never span an epoch boundary (validation)
-                _sync(device)
-                now = time.perf_counter()
-                if state.step - window_steps >= cfg.warmup_steps:
-                    windows.append(window_samples / (now - window_t0))
-                window_t0, window_steps, window_samples = now, 0, 0
-            if cfg.progress and steps % cfg.log_every == 0:
-                bar.set_postfix(loss=f"{loss.item():.4f}")
+            timer.tick(len(idx))
+            progress.step(len(idx), loss)
             if sample:
-                _check_divergence(policy, state.scaler, loss_sum, longest_skips, cfg, epoch, steps)
-                step_rows.append({"step": state.step, "loss": loss.item(), "skipped_in_epoch": int(skipped.item()),
-                                  "loss_scale": _loss_scale(state.scaler)})
-        _sync(device)  # time the work, not the queueing
-        train_seconds = time.perf_counter() - t0
-        n_skipped = int(skipped.item())
-        if n_skipped < steps:  # the LR schedule advances only when the optimizer really stepped
+                health.check(sums.loss, f"epoch {epoch + 1}, step {sums.steps}")
+                sums.sampled.append({"step": state.step, "loss": loss.item(), "loss_scale": health.loss_scale,
+                                     "skipped_in_epoch": health.skipped_steps()})
+        seconds = timer.elapsed()
+        progress.close()
+        skipped = health.skipped_steps()
+        if skipped < sums.steps:  # the LR schedule advances only when the optimizer really stepped
             state.scheduler.step()
         state.epoch = epoch + 1
-
-        _check_divergence(policy, state.scaler, loss_sum, longest_skips, cfg, epoch, steps)
-        distributed.sum_(loss_sum, world)  # every rank's share of the epoch: seen already counts global batches
-        distributed.sum_(correct, world)
+        health.check(sums.loss, f"epoch {epoch + 1}, step {sums.steps}")
+        train_loss, train_accuracy = sums.reduce(world)
         val_logits = predict(model, val.x, policy, cfg.eval_batch_size)
-        grad_stats, layers = probe.epoch_summary()
-        row = {
-            "epoch": epoch + 1,
-            "train_loss": (loss_sum / max(seen, 1)).item(),
-            "train_accuracy": correct.item() / max(seen, 1),
-            "val_loss": F.cross_entropy(val_logits, val.y).item(),
-            "val_accuracy": (val_logits.argmax(dim=1) == val.y).float().mean().item(),
-            "samples_per_s": seen / train_seconds,
-            "epoch_seconds": train_seconds,
-            "loss_scale": _loss_scale(state.scaler),
-            "skipped_steps": n_skipped,
-            "lr": state.optimizer.param_groups[0]["lr"],
-            **grad_stats,
-        }
-        bar.set_postfix(loss=f"{row['train_loss']:.4f}", val_acc=f"{row['val_accuracy']:.3f}")
-        bar.close()
-        result.history.append(row)
-        result.layers.append(layers)
-        result.windows += windows
+        grads, layers = probe.epoch_summary()
+        records.append(EpochRecord(
+            epoch=state.epoch, train_loss=train_loss, train_accuracy=train_accuracy,
+            val_loss=F.cross_entropy(val_logits, val.y).item(),
+            val_accuracy=(val_logits.argmax(dim=1) == val.y).float().mean().item(),
+            samples_per_s=sums.seen / seconds, epoch_seconds=seconds, loss_scale=health.loss_scale,
+            skipped_steps=skipped, lr=state.optimizer.param_groups[0]["lr"], grads=grads, steps=sums.sampled,
+            layers=layers, windows=timer.take()))
         if on_epoch is not None:
-            on_epoch({**row, "steps": step_rows, "layers": layers, "windows": windows}, state)
-    return result
-
-
-class _NoBar:
-    """Stands in for tqdm when progress is off (and where tqdm is not installed, e.g. a bare GPU box)."""
-
-    def update(self, n: int) -> None: ...
-    def set_postfix(self, **kw) -> None: ...
-    def close(self) -> None: ...
-
-
-def _progress_bar(cfg: TrainConfig, total: int, desc: str):
-    if not cfg.progress:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    # disable=None: draw only when attached to a terminal
-    return tqdm(total=total, unit="sample", unit_scale=True, leave=False, disable=None, desc=desc)
-
-
-@contextlib.contextmanager
-def _sync_guard(enabled: bool):
-    """Make any host-device sync inside the block an error (CUDA's sync debug mode)."""
-    if not enabled:
-        yield
-        return
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _check_divergence(policy: PrecisionPolicy, scaler, loss_sum: torch.Tensor, longest_skips: torch.Tensor,
-                      cfg: TrainConfig, epoch: int, steps: int) -> None:
-    """Raise Diverged when training has gone numerically wrong (reads two numbers from the device)."""
-    where = f"{policy.name}: epoch {epoch + 1}, step {steps}"
-    if scaler.is_enabled():
-        # With a scaler, inf/NaN losses are expected now and then (the step is skipped); a collapsing
-        # scale or a long run of skips means every step overflows.
-        scale = scaler.get_scale()
-        if scale < cfg.min_loss_scale:
-            raise Diverged(f"{where}: loss scale collapsed to {scale:g} (< {cfg.min_loss_scale:g}): fp16 overflows "
-                           "on every step")
-        if int(longest_skips) >= cfg.max_consecutive_skips:
-            raise Diverged(f"{where}: {int(longest_skips)} optimizer steps in a row skipped for inf/NaN gradients")
-    elif not torch.isfinite(loss_sum):
-        raise Diverged(f"{where}: loss became {float(loss_sum)} (no scaler to skip bad steps)")
-
-
-def _loss_scale(scaler: torch.amp.GradScaler) -> float:
-    """The current loss scale as a number (a host read); 1.0 for arms without a scaler."""
-    return scaler.get_scale() if scaler.is_enabled() else 1.0
-
-
-def _scale_tensor(scaler: torch.amp.GradScaler) -> torch.Tensor | None:
-    """A device-side copy of the current loss scale (None when the scaler is disabled).
-
-    Reads GradScaler's ``_scale`` tensor rather than ``get_scale()``, which would sync with the host every step.
-    """
-    scale = getattr(scaler, "_scale", None) if scaler.is_enabled() else None
-    return None if scale is None else scale.clone()
+            on_epoch(records[-1], state)
+    return records

@@ -1,37 +1,35 @@
-"""Evaluate stage orchestration: every arm vs the fp32 arm of the same seed; verdicts; reports; MLflow.
+"""Evaluate stage: every arm against the baseline arm of the same seed on the test split; verdicts; reports.
 
-The maths lives in evaluation.py and stats.py, formatting in report.py, MLflow calls in tracking.py.
-Outputs: reports/comparison.json (DVC metrics: verdicts, Δ with CI, speed and memory ratios), report.md,
-details.json (every seed), curves.json (DVC plots) and figures/*.png.
+The per-arm metrics live in metrics.py and stats.py, formatting in report.py, MLflow calls in tracking.py, the
+file names in layout.py. Outputs: reports/comparison.json (DVC metrics: verdicts, Δ with CI, agreement, KL, ECE),
+speed.json (throughput and memory ratios), report.md, details.json (every seed), curves.json (DVC plots) and
+figures/*.png; test metrics and verdicts onto each arm's MLflow runs, and one comparison run.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ampbench import checkpoint, tracking
+from ampbench.arms import BASELINE, TF32_REFERENCE
+from ampbench.console import log
 from ampbench.data import load_prepared
 from ampbench.errors import AmpbenchError
 from ampbench.fileio import atomic_savefig, atomic_write_json, atomic_write_text
+from ampbench.layout import ArmFiles, ReportFiles
 from ampbench.models import build_model
-from ampbench.params import BASELINE, Params
+from ampbench.params import Params
 from ampbench.precision import resolve_device, resolve_policy
-from ampbench.runner import HISTORY, SUMMARY
 from ampbench.stats import paired_ci, verdict
 from ampbench.training import predict
 
 # Fingerprint keys that must match across arms: results from different hardware or software are not compared.
 FINGERPRINT_KEYS = ("device_name", "compute_capability", "cuda_version", "cudnn_version", "torch_version",
                     "cpu_model", "cpu_16bit_flags")
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _load_arm_model(ckpt_path: Path, device: torch.device) -> torch.nn.Module:
@@ -55,7 +53,7 @@ def check_fingerprints(summaries: dict[str, dict]) -> None:
 
 
 def paired_statistics(per_seed: dict[int, dict[str, float]], params: Params) -> dict[str, Any]:
-    """CIs of the paired differences and verdicts for one arm (per_seed: its metrics vs fp32, by seed)."""
+    """CIs of the paired differences and verdicts for one arm (per_seed: its metrics vs the baseline, by seed)."""
     ev = params.evaluate
     seeds = sorted(per_seed)
     cis = {key: paired_ci([per_seed[s][key] for s in seeds], ev.confidence)
@@ -70,25 +68,25 @@ def paired_statistics(per_seed: dict[int, dict[str, float]], params: Params) -> 
 
 def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir: Path, project_root: Path,
                   tags: dict[str, str]) -> dict[str, Any]:
-    """Evaluate every arm on the test split against fp32 of the same seed; write reports; log to MLflow."""
-    from ampbench.evaluation import arm_seed_metrics, summarise_seeds
+    """Evaluate every arm on the test split against the baseline of the same seed; write reports; log to MLflow."""
+    from ampbench.metrics import arm_seed_metrics, summarise_seeds
     from ampbench.report import ArmReport
 
     tp = params.train
     device = resolve_device(tp.device)
     data = load_prepared(data_dir)
     test = data.test.to(device)
-    fp32 = resolve_policy(BASELINE, device)
+    strict = resolve_policy(BASELINE, device)  # every arm's weights are also evaluated in strict fp32
 
     summaries = {}
     for arm in tp.precisions:
-        path = models_dir / arm / SUMMARY
+        path = ArmFiles(models_dir / arm).summary
         if not path.exists():
             raise AmpbenchError(f"{path} missing: train the {arm} arm first (dvc repro)")
         summaries[arm] = json.loads(path.read_text())
     if summaries[BASELINE]["skipped"] or summaries[BASELINE].get("diverged"):
         why = summaries[BASELINE]["skipped"] or summaries[BASELINE]["diverged"]
-        raise AmpbenchError(f"the fp32 baseline has no result to compare against: {why}")
+        raise AmpbenchError(f"the {BASELINE} baseline has no result to compare against: {why}")
     check_fingerprints(summaries)
 
     # Logits per arm and seed: in the arm's own precision, and the same weights in strict fp32.
@@ -102,14 +100,15 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
                                      ablation=s.get("ablation", False)))
             continue
         policy = resolve_policy(arm, device)
-        histories = json.loads((models_dir / arm / HISTORY).read_text())
+        arm_files = ArmFiles(models_dir / arm)
+        histories = json.loads(arm_files.history.read_text())
         per_seed = {}
         for seed in tp.seeds:
-            model = _load_arm_model(models_dir / arm / f"seed{seed}.pt", device)
+            model = _load_arm_model(arm_files.checkpoint(seed), device)
             policy.apply_backend_flags()
             own = predict(policy.prepare_model(model), test.x, policy, params.evaluate.batch_size)
-            fp32.apply_backend_flags()
-            f32 = predict(model.float(), test.x, fp32, params.evaluate.batch_size)
+            strict.apply_backend_flags()
+            f32 = predict(model.float(), test.x, strict, params.evaluate.batch_size)
             if arm == BASELINE:
                 ref[seed] = own
             per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test.y, params.evaluate.calibration_bins)
@@ -123,8 +122,9 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             r.stats = paired_statistics(r.per_seed, params)
 
     comparison, speed, details = _tables(reports)
-    hw = summaries[BASELINE]["hardware"]
-    context = {"dataset": data.meta["dataset"], "model": tp.model, "seeds": tp.seeds, "epochs": tp.epochs,
+    base = summaries[BASELINE]
+    hw = base["hardware"]
+    context = {"dataset": data.meta["dataset"], "model": base["model"], "seeds": tp.seeds, "epochs": base["epochs"],
                "device_name": hw["device_name"], "margin_pp": params.evaluate.margin.accuracy_pp,
                "confidence": params.evaluate.confidence}
     if device.type == "cpu":
@@ -133,9 +133,15 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             "autocast is emulated, and fp16 autocast on CPU has few fast kernels, so both are often several times "
             "slower than fp32 here; mixed-precision speed-ups are mainly a GPU tensor-core effect. Memory on CPU is "
             "the process's peak RSS (imports included). Speeds are reported as measured.")
-    _write_reports(reports, comparison, speed, details, context, reports_dir)
-    _log_evaluation(params, project_root, tags, reports, summaries, comparison, speed, reports_dir)
+    report_files = ReportFiles(reports_dir)
+    _write_reports(reports, comparison, speed, details, context, report_files)
+    _log_evaluation(params, project_root, tags, reports, summaries, comparison, speed, report_files)
     return comparison
+
+
+def _pp(fraction: float | None) -> float | None:
+    """A fraction as percentage points, rounded for the metrics files."""
+    return None if fraction is None else round(100 * fraction, 4)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -151,7 +157,7 @@ def _tables(reports) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """
     by_arm = {r.arm: r for r in reports}
     base = by_arm[BASELINE]
-    tf32 = by_arm.get("tf32") if by_arm.get("tf32") and by_arm["tf32"].ran else None
+    tf32 = by_arm.get(TF32_REFERENCE) if by_arm.get(TF32_REFERENCE) and by_arm[TF32_REFERENCE].ran else None
     comparison: dict[str, Any] = {}
     speed: dict[str, Any] = {}
     details: dict[str, Any] = {}
@@ -162,7 +168,6 @@ def _tables(reports) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
             continue
         st, s, t = r.stats, r.summary, r.train
         acc, loss = st["delta_accuracy_vs_fp32"], st["delta_loss_vs_fp32"]
-        pp = (lambda x: None if x is None else round(100 * x, 4))
         row = {
             "status": "ok",
             "ablation": r.ablation,
@@ -170,9 +175,9 @@ def _tables(reports) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
             "loss_verdict": "baseline" if r.arm == BASELINE else st["loss_verdict"],
             "seeds": acc["n"],
             "test_accuracy": round(s["test_accuracy"], 6),
-            "delta_accuracy_pp": pp(acc["mean"]),
-            "delta_accuracy_pp_ci_low": pp(acc["ci_low"]),
-            "delta_accuracy_pp_ci_high": pp(acc["ci_high"]),
+            "delta_accuracy_pp": _pp(acc["mean"]),
+            "delta_accuracy_pp_ci_low": _pp(acc["ci_low"]),
+            "delta_accuracy_pp_ci_high": _pp(acc["ci_high"]),
             "test_loss": round(s["test_loss"], 6),
             "delta_loss": round(loss["mean"], 6),
             "delta_loss_ci_low": None if loss["ci_low"] is None else round(loss["ci_low"], 6),
@@ -199,23 +204,22 @@ def _tables(reports) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     return comparison, speed, details
 
 
-def _write_reports(reports, comparison, speed, details, context, reports_dir: Path) -> None:
+def _write_reports(reports, comparison, speed, details, context, files: ReportFiles) -> None:
     from ampbench.report import accuracy_delta_figure, curve_rows, curves_figure, markdown_report, speed_memory_figure
 
-    reports_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(reports_dir / "comparison.json", comparison)
-    atomic_write_json(reports_dir / "speed.json", speed)
-    atomic_write_json(reports_dir / "details.json", details)
-    atomic_write_json(reports_dir / "curves.json", curve_rows(reports))
+    atomic_write_json(files.comparison, comparison)
+    atomic_write_json(files.speed, speed)
+    atomic_write_json(files.details, details)
+    atomic_write_json(files.curves, curve_rows(reports))
     merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
-    atomic_write_text(reports_dir / "report.md", markdown_report(reports, merged, context))
-    figures = reports_dir / "figures"
+    atomic_write_text(files.report, markdown_report(reports, merged, context))
+    figures = files.figures
     atomic_savefig(curves_figure(reports), figures / "curves.png")
     atomic_savefig(accuracy_delta_figure(reports, context["margin_pp"]), figures / "accuracy_delta.png")
     atomic_savefig(speed_memory_figure(merged), figures / "speed_memory.png")
 
 
-def _log_evaluation(params, project_root, tags, reports, summaries, comparison, speed, reports_dir) -> None:
+def _log_evaluation(params, project_root, tags, reports, summaries, comparison, speed, files: ReportFiles) -> None:
     """Test metrics and the arm's verdict onto each arm's runs; one comparison run with the report."""
     tracking.setup(project_root, params.mlflow.experiment)
     for r in reports:
@@ -232,7 +236,7 @@ def _log_evaluation(params, project_root, tags, reports, summaries, comparison, 
             if tracking.run_exists(run_id):
                 tracking.update_run(run_id, {**m, **arm_metrics}, arm_tags)
             else:
-                _log(f"[{r.arm}] seed {seed}: run {run_id} is not in this MLflow store; test metrics not attached")
+                log(f"[{r.arm}] seed {seed}: run {run_id} is not in this MLflow store; test metrics not attached")
     flat = {f"{arm}.{k}": v for table in (comparison, speed) for arm, row in table.items() for k, v in row.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
     ctags = {**tags, "ampbench.role": "comparison", "arms": ",".join(params.train.precisions),
@@ -240,8 +244,7 @@ def _log_evaluation(params, project_root, tags, reports, summaries, comparison, 
              **{f"verdict.{arm}": row["verdict"] for arm, row in comparison.items()},
              **{f"{r.status}.{r.arm}": r.skipped_reason[:5000] for r in reports if not r.ran}}
     with tracking.run("comparison" + (f"-{tags['dvc_exp_name']}" if "dvc_exp_name" in tags else ""), ctags,
-                      tracking.flatten("", params.model_dump())):
+                      tracking.flatten("", params.to_dict())):
         tracking.log_metrics(flat)
-        tracking.log_artifacts([reports_dir / "report.md", reports_dir / "comparison.json", reports_dir / "speed.json",
-                                reports_dir / "details.json", reports_dir / "curves.json"])
-        tracking.log_artifacts([reports_dir / "figures"], artifact_path="figures")
+        tracking.log_artifacts(files.tracked)
+        tracking.log_artifacts([files.figures], artifact_path="figures")

@@ -1,11 +1,11 @@
-"""Evaluation maths against hand-computed values."""
+"""Per-arm metrics (accuracy, loss, agreement, KL, deltas vs the baseline) against hand-computed values."""
 
 import math
 
 import pytest
 import torch
 
-from ampbench.evaluation import arm_seed_metrics, compare_to_reference, summarise_seeds
+from ampbench.metrics import arm_seed_metrics, compare_to_reference, summarise_seeds
 
 
 def test_identical_predictions():

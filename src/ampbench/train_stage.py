@@ -1,0 +1,278 @@
+"""Train stage: one arm, every seed in train.seeds — fit, a resume checkpoint after each epoch, one MLflow run.
+
+``train_arm`` resolves the device and the arm's policy (an arm the device cannot run is recorded as skipped, never
+run as something else) and trains each seed as a ``SeedJob``. When a seed is resumed or reused is the policy of
+``resume.py``; every side effect (files under models/<arm>/, resume checkpoints, MLflow, log lines) goes through
+``ArmOutputs``, which does nothing on DDP ranks other than 0, so the training code never asks which rank it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ampbench import checkpoint, distributed, resume, tracking
+from ampbench.console import log
+from ampbench.data import Prepared, Split, load_prepared
+from ampbench.determinism import seed_everything, set_deterministic
+from ampbench.errors import ArmUnavailable
+from ampbench.fileio import atomic_write_json
+from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
+from ampbench.layout import ArmFiles
+from ampbench.models import build_model
+from ampbench.monitor import Diverged
+from ampbench.params import Params
+from ampbench.precision import PrecisionPolicy, cudnn_legacy_flags_readable, resolve_device, resolve_policy
+from ampbench.training import EpochRecord, LoopConfig, TrainState, fit, init_state, throughput
+
+
+@dataclass(frozen=True)
+class SeedJob:
+    """One seed of one arm: everything its training reads."""
+
+    arm: str
+    seed: int
+    params: Params
+    policy: PrecisionPolicy
+    data: Prepared
+    device: torch.device
+    world: distributed.World
+    resume_path: Path  # .resume/<arm>/seed<N>.pt
+    key: str  # resume.resume_key(): what a checkpoint must match to be continued
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}-seed{self.seed}"
+
+    def model_meta(self) -> dict[str, Any]:
+        """What the evaluate stage needs to rebuild the model from a final checkpoint."""
+        tp = self.params.train
+        return {"arm": self.arm, "seed": self.seed, "model": tp.model, "width": tp.width,
+                "input_shape": list(self.data.input_shape), "num_classes": self.data.num_classes,
+                "policy": self.policy.describe()}
+
+
+class ArmOutputs:
+    """Every side effect of training one arm. With ``enabled`` False (DDP ranks other than 0) it does nothing."""
+
+    def __init__(self, arm: str, files: ArmFiles, resume_dir: Path, project_root: Path, tags: dict[str, str],
+                 enabled: bool):
+        self.arm, self.files, self.resume_dir = arm, files, resume_dir
+        self.project_root, self.tags, self.enabled = project_root, tags, enabled
+
+    def log(self, msg: str) -> None:
+        if self.enabled:
+            log(f"[{self.arm}] {msg}")
+
+    def open(self, experiment: str) -> None:
+        """Before any training: the output folder, and the MLflow store checked and ready."""
+        if self.enabled:
+            self.files.root.mkdir(parents=True, exist_ok=True)
+            tracking.setup(self.project_root, experiment)
+
+    def run(self, job: SeedJob, run_id: str | None):
+        """The seed's MLflow run (reopened when ``run_id`` is given), as a context yielding its id."""
+        if not self.enabled:
+            return contextlib.nullcontext(run_id)
+        hw = fingerprint(job.device)
+        world = str(job.world.size)
+        params = {**tracking.flatten("", job.params.to_dict()), **tracking.flatten("effective", job.policy.describe()),
+                  "seed": str(job.seed), "dataset.checksum": job.data.meta["checksum"], "world_size": world}
+        tags = {**self.tags, "precision": job.arm, "seed": str(job.seed), "device": hw["device_name"],
+                "ablation": str(job.policy.ablation).lower(), "world_size": world,
+                **{f"hw.{k}": v for k, v in hw.items()}, "ampbench.role": "arm"}
+        return tracking.run(job.name, tags, params, run_id=run_id)
+
+    def dataset(self, job: SeedJob, data_dir: Path) -> None:
+        if self.enabled:
+            tracking.log_dataset(job.data.meta, data_dir)
+
+    def epoch(self, job: SeedJob, state: TrainState, progress: resume.Progress) -> None:
+        """After an epoch: its metrics to MLflow, then the resume checkpoint (a crash in between repeats the
+        epoch, losing nothing)."""
+        if self.enabled:
+            record = progress.records[-1]
+            tracking.log_epoch(record.row(), record.steps)
+            resume.save(state, progress, job.resume_path)
+
+    def seed_done(self, job: SeedJob, state: TrainState, progress: resume.Progress) -> None:
+        """A seed ended (finished or diverged): keep its outcome in the resume checkpoint until the arm is done."""
+        if self.enabled:
+            resume.save(state, progress, job.resume_path)
+
+    def seed_files(self, job: SeedJob, final: dict[str, Any], records: list[EpochRecord]) -> list[Path]:
+        """The seed's files under models/<arm>/: final checkpoint, history, per-layer telemetry."""
+        if not self.enabled:
+            return []
+        files = self.files
+        checkpoint_path = files.checkpoint(job.seed)
+        checkpoint.write(final, job.model_meta(), checkpoint_path)
+        atomic_write_json(files.seed_history(job.seed), [r.row() for r in records])
+        atomic_write_json(files.grad_layers(job.seed), [r.layers for r in records])
+        return [checkpoint_path, files.seed_history(job.seed), files.grad_layers(job.seed)]
+
+    def seed_artifacts(self, job: SeedJob, paths: list[Path], record: dict[str, Any], model: torch.nn.Module) -> None:
+        """Into the seed's (still open) MLflow run: run-level numbers, its files, and the model when asked for."""
+        if not self.enabled:
+            return
+        tracking.log_metrics({k: v for k, v in record.items() if k in (
+            "train_samples_per_s", "train_seconds", "skipped_steps_total", "peak_memory_mb", "peak_reserved_mb")})
+        tracking.log_artifacts(paths)
+        if job.params.mlflow.log_model:
+            cpu_model = copy.deepcopy(model).float().cpu().eval()  # the plain model: no DDP/compile wrappers
+            with cudnn_legacy_flags_readable():
+                record["model_uri"] = tracking.log_model(cpu_model, job.data.test.x[:2].numpy(), _requirements())
+
+    def finished(self, summary: dict[str, Any], histories: dict[str, list[dict]]) -> None:
+        """The arm is complete: history.json and summary.json; nothing left to resume."""
+        if self.enabled:
+            atomic_write_json(self.files.history, histories)
+            atomic_write_json(self.files.summary, summary)
+            shutil.rmtree(self.resume_dir, ignore_errors=True)
+
+
+def _requirements() -> list[str]:
+    import torchvision
+
+    return [f"torch=={torch.__version__.split('+')[0]}", f"torchvision=={torchvision.__version__.split('+')[0]}"]
+
+
+def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_root: Path, tags: dict[str, str],
+              resume_dir: Path, code_version: str = "") -> dict[str, Any]:
+    """Train ``arm`` once per seed in ``params.train.seeds``; write checkpoints, history and summary to out_dir.
+
+    A seed stopped by the divergence guard is recorded as diverged. Returns the summary (``summary.json``).
+    """
+    device = resolve_device(params.train.device)
+    world = distributed.init(device.type)  # one process, or this rank of a torchrun job
+    device = distributed.device_for(world, device)
+    out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, tags, enabled=world.is_main)
+    try:
+        try:
+            policy = resolve_policy(arm, device)
+        except ArmUnavailable as exc:
+            out.log(f"skipped: {exc}")
+            summary = {"arm": arm, "skipped": str(exc), "hardware": fingerprint(device)}
+            out.finished(summary, {})
+            return summary
+        data = load_prepared(data_dir)
+        out.open(params.mlflow.experiment)
+        seeds = {}
+        for seed in params.train.seeds:
+            key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
+            job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key)
+            seeds[str(seed)] = _train_seed(job, data_dir, out)
+        distributed.barrier(world)
+        summary = _arm_summary(arm, params, policy, device, world, {s: r for s, (r, _) in seeds.items()})
+        out.finished(summary, {s: [r.row() for r in records] for s, (_, records) in seeds.items()})
+        return summary
+    finally:
+        distributed.shutdown(world)
+
+
+def _arm_summary(arm, params, policy, device, world, seeds: dict[str, dict]) -> dict[str, Any]:
+    ok = [s for s in seeds.values() if not s["diverged"]]
+    return {
+        "arm": arm,
+        "skipped": None,
+        "diverged": {seed: s["diverged"] for seed, s in seeds.items() if s["diverged"]} or None,
+        "ablation": policy.ablation,
+        "policy": policy.describe(),
+        "model": params.train.model,
+        "epochs": params.train.epochs,
+        "world_size": world.size,
+        "hardware": fingerprint(device),
+        "seeds": seeds,
+        # Per arm: median over seeds of each seed's median window throughput; the largest peak memory.
+        "samples_per_s": statistics.median(s["train_samples_per_s"] for s in ok) if ok else None,
+        "peak_memory_mb": max(s["peak_memory_mb"] for s in ok) if ok else None,
+        "skipped_steps": sum(s["skipped_steps_total"] for s in ok),
+    }
+
+
+def _build(job: SeedJob) -> tuple[torch.nn.Module, TrainState, LoopConfig]:
+    """Seeded, deterministic (if asked) model and fresh training state for ``job``."""
+    tp = job.params.train
+    seed_everything(job.seed)
+    set_deterministic(tp.deterministic, tp.cudnn_benchmark)
+    job.policy.apply_backend_flags()
+    model = build_model(tp.model, job.data.input_shape, job.data.num_classes, tp.width).to(job.device)
+    model = job.policy.prepare_model(model.to(memory_format=_memory_format(job)))
+    cfg = LoopConfig(train=tp, seed=job.seed)
+    return model, init_state(model, job.policy, cfg, job.device), cfg
+
+
+def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str, Any], list[EpochRecord]]:
+    """Train (or resume, or reuse) one seed; returns its summary record and its epochs."""
+    prior = resume.load(job.resume_path, job.arm, job.key)  # every rank reads it; only rank 0 writes
+    if prior is not None and prior[1].done is not None:
+        ck, progress = prior
+        out.log(f"seed {job.seed}: already finished before the interruption; reusing it")
+        if not progress.done["diverged"]:
+            out.seed_files(job, ck, progress.records)
+        return progress.done, progress.records
+
+    model, state, cfg = _build(job)
+    progress = resume.Progress(job.arm, job.key)
+    if prior is not None:
+        checkpoint.restore(state, prior[0])
+        progress = prior[1]
+        out.log(f"seed {job.seed}: resuming after epoch {state.epoch} of {job.params.train.epochs}")
+    else:
+        out.log(f"seed {job.seed}: {job.policy.describe()}" + (f", {job.world.size} ranks" if job.world.active else ""))
+    # Wrappers go on after restoring, so checkpoints hold plain keys. Same parameters: the optimizer built
+    # above still owns them. DDP averages gradients across ranks; compile wraps the (DDP) model.
+    state.model = distributed.wrap(model, job.world, job.device)
+    if job.params.train.compile:
+        state.model = torch.compile(state.model)
+
+    def on_epoch(record: EpochRecord, st: TrainState) -> None:
+        progress.records.append(record)
+        out.epoch(job, st, progress)
+
+    fresh = prior is None
+    try:
+        with out.run(job, progress.run_id) as run_id:
+            progress.run_id = run_id
+            if fresh:
+                out.dataset(job, data_dir)
+            reset_peak_memory(job.device)
+            train, val = (Split(s.x.to(job.device, memory_format=_memory_format(job)), s.y.to(job.device))
+                          for s in (job.data.train, job.data.val))
+            fit(state, train, val, job.policy, cfg, on_epoch=on_epoch, world=job.world)
+            record = _seed_record(job, progress.records, run_id, out.files.checkpoint(job.seed).name)
+            paths = out.seed_files(job, checkpoint.state_dict(state), progress.records)
+            out.seed_artifacts(job, paths, record, model)
+    except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
+        out.log(f"seed {job.seed}: DIVERGED: {exc}")
+        record = {"run_id": progress.run_id, "diverged": str(exc)}
+    progress.done = record
+    out.seed_done(job, state, progress)
+    if not record["diverged"]:
+        out.log(f"seed {job.seed}: val_accuracy {progress.records[-1].val_accuracy:.4f}, "
+                f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")
+    return record, progress.records
+
+
+def _memory_format(job: SeedJob) -> torch.memory_format:
+    return torch.channels_last if job.params.train.channels_last else torch.contiguous_format
+
+
+def _seed_record(job: SeedJob, records: list[EpochRecord], run_id: str, checkpoint_name: str) -> dict[str, Any]:
+    """The seed's line in summary.json: run id, throughput, memory, time, skips, final metrics."""
+    seconds = [r.epoch_seconds for r in records]
+    record = {"run_id": run_id, "diverged": None, "checkpoint": checkpoint_name,
+              "train_samples_per_s": throughput(records), "timing_windows": sum(len(r.windows) for r in records),
+              **peak_memory_mb(job.device), "train_seconds": sum(seconds),
+              "skipped_steps_total": sum(r.skipped_steps for r in records), "final": records[-1].row(),
+              "model_uri": None}
+    if job.params.train.compile and len(records) > 1:  # the first epoch pays for compilation; estimate it apart
+        record["compile_seconds_estimate"] = max(seconds[0] - statistics.median(seconds[1:]), 0.0)
+    return record

@@ -1,0 +1,41 @@
+"""The built-in models: shapes, and what train.width means for each (its default when null)."""
+
+import pytest
+import torch
+
+from ampbench.models import DEFAULT_WIDTH, build_model
+
+
+def _params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_WIDTH))
+def test_every_model_maps_images_to_logits(name):
+    model = build_model(name, (3, 16, 16), 7, 8).eval()
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 7)
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_WIDTH))
+def test_null_width_is_the_models_default(name):
+    default, explicit = build_model(name, (1, 8, 8), 10, None), build_model(name, (1, 8, 8), 10, DEFAULT_WIDTH[name])
+    assert [p.shape for p in default.parameters()] == [p.shape for p in explicit.parameters()]
+
+
+def test_width_sets_each_models_first_layer():
+    assert build_model("small_cnn", (1, 8, 8), 10, 12)[0].out_channels == 12
+    assert build_model("mlp", (1, 8, 8), 10, 40)[1].out_features == 40  # hidden units, not a multiple of them
+    stem = build_model("resnet18", (3, 32, 32), 10, 32)[0]
+    assert stem.out_channels == 32 and stem.kernel_size == (3, 3) and stem.stride == (1, 1)
+
+
+def test_resnet18_at_width_64_has_the_standard_resnet18_body():
+    """Widths 64, 128, 256, 512 in four stages of two basic blocks: besides the stem (3×3 here, 7×7 in torchvision's
+    ImageNet ResNet-18) and the head, the same parameters as torchvision's."""
+    import torchvision
+
+    ours = build_model("resnet18", (3, 32, 32), 10, 64)
+    reference = torchvision.models.resnet18(num_classes=10)
+    body = _params(ours) - _params(ours[0]) - _params(ours[-1])
+    assert body == _params(reference) - _params(reference.conv1) - _params(reference.fc)
+    assert _params(build_model("resnet18", (3, 32, 32), 10, 32)) < _params(ours) / 3  # width really changes it

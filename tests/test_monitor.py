@@ -1,0 +1,66 @@
+"""The loop's side concerns on their own: timing windows after warm-up, and the scaler's health."""
+
+import pytest
+import torch
+
+from ampbench.monitor import Diverged, ScalerHealth, WindowTimer
+from ampbench.params import DivergenceParams
+
+CPU = torch.device("cpu")
+
+
+def test_windows_skip_warm_up_and_never_span_an_epoch():
+    timer = WindowTimer(CPU, window=3, warmup_steps=4)
+    timer.start()
+    for _ in range(10):  # windows of steps 1–3, 4–6, 7–9: only the last lies wholly after the 4 warm-up steps
+        timer.tick(8)
+    assert len(timer.take()) == 1 and timer.take() == []
+    timer.start()  # a new epoch: step 10's open window is dropped, counting starts again
+    for _ in range(3):
+        timer.tick(8)
+    (rate,) = timer.take()
+    assert rate > 0
+
+
+def test_a_resumed_run_is_already_past_its_warm_up():
+    timer = WindowTimer(CPU, window=2, warmup_steps=100, steps_done=500)
+    timer.start()
+    timer.tick(4)
+    timer.tick(4)
+    assert len(timer.windows) == 1
+
+
+def _scaler(init_scale: float) -> torch.amp.GradScaler:
+    return torch.amp.GradScaler("cpu", init_scale=init_scale)
+
+
+def test_health_counts_skips_and_runs_of_skips():
+    scaler = _scaler(2.0**20)
+    health = ScalerHealth("fp16", scaler, DivergenceParams(max_consecutive_skips=3), CPU)
+    w = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+    for grad in (float("inf"), float("inf"), 1.0, float("inf")):  # skip, skip, step, skip
+        with health.watch():
+            w.grad = torch.tensor([grad])
+            scaler.step(opt)
+            scaler.update()
+    assert health.skipped_steps() == 3 and int(health.longest) == 2
+    health.check(torch.tensor(1.0), "here")  # 2 in a row < 3: healthy
+    with health.watch():
+        w.grad = torch.tensor([float("inf")])
+        scaler.step(opt)
+        scaler.update()
+    with health.watch():
+        w.grad = torch.tensor([float("inf")])
+        scaler.step(opt)
+        scaler.update()
+    with pytest.raises(Diverged, match="fp16: here: 3 optimizer steps in a row skipped"):
+        health.check(torch.tensor(1.0), "here")
+
+
+def test_without_a_scaler_a_non_finite_loss_is_divergence():
+    health = ScalerHealth("bf16", torch.amp.GradScaler("cpu", enabled=False), DivergenceParams(), CPU)
+    assert health.loss_scale == 1.0 and health.skipped_steps() == 0
+    health.check(torch.tensor(3.0), "epoch 1")
+    with pytest.raises(Diverged, match="loss became nan"):
+        health.check(torch.tensor(float("nan")), "epoch 1")

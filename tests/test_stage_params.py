@@ -1,0 +1,106 @@
+"""Every params key a stage reads is declared in that stage's `params:` list in dvc.yaml, so changing it reruns
+the stage. Measured, not assumed: each stage runs on tiny params that record every key read through them."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from ampbench.params import Params, load_params
+from conftest import ROOT
+from test_cli import _stage
+
+# Keys a stage reads that are not dependencies of its outputs (so they are deliberately not declared):
+READ_NOT_DEPENDED_ON = {
+    # The train stage only checks that --precision is one of them; dvc.yaml's matrix makes one stage per entry,
+    # so adding an arm must not retrain the others.
+    "train.precisions": "train",
+    # Draws the progress bar.
+    "train.progress": "train",
+}
+
+
+class Recorder:
+    """Stands in for a params section and records the dotted key of every value read through it. Values read by
+    the sections' own methods (``to_dict``: MLflow params, resume keys) are provenance and are not counted."""
+
+    def __init__(self, section, prefix: str, reads: set[str]):
+        self._section, self._prefix, self._reads = section, prefix, reads
+
+    def __getattr__(self, name: str):
+        value = getattr(self._section, name)
+        if name not in {f.name for f in dataclasses.fields(self._section)}:
+            return value
+        key = self._prefix + name
+        if dataclasses.is_dataclass(value):
+            return Recorder(value, key + ".", self._reads)
+        self._reads.add(key)
+        return value
+
+
+def undeclared(reads: set[str], declared: list[str], stage: str) -> list[str]:
+    """The keys in ``reads`` that no entry of ``declared`` covers (an entry covers itself and its sub-keys)."""
+    def covered(key: str) -> bool:
+        return any(key == d or key.startswith(d + ".") for d in declared) or READ_NOT_DEPENDED_ON.get(key) == stage
+
+    return sorted(k for k in reads if not covered(k))
+
+
+def test_the_check_catches_an_undeclared_read():
+    # The evaluate stage once read train.model for its report without declaring it.
+    assert undeclared({"train.model", "evaluate.confidence"}, ["evaluate"], "evaluate") == ["train.model"]
+    reads: set[str] = set()
+    p = Recorder(Params(), "", reads)
+    assert p.train.grad_scaler.init_scale == 65536.0 and p.train.to_dict()["lr"] == 0.003
+    assert reads == {"train.grad_scaler.init_scale"}
+
+
+@pytest.fixture(scope="module")
+def stage_reads(tmp_path_factory) -> dict[str, set[str]]:
+    """Run prepare → train (fp32, fp16) → evaluate in-process on tiny params; the keys each stage read."""
+    import _common
+    from conftest import TINY
+
+    tmp = tmp_path_factory.mktemp("reads")
+    params = yaml.safe_load(yaml.safe_dump(TINY))
+    params["train"]["precisions"] = ["fp32", "fp16"]
+    params["mlflow"]["log_model"] = False
+    path = tmp / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    data, models, reports = tmp / "prepared", tmp / "models", tmp / "reports"
+    runs = {"prepare": [["--out", str(data)]],
+            "train": [["--precision", arm, "--data", str(data), "--out", str(models / arm), "--resume-dir",
+                       str(tmp / ".resume" / arm)] for arm in ("fp32", "fp16")],
+            "evaluate": [["--data", str(data), "--models", str(models), "--reports", str(reports)]]}
+    reads: dict[str, set[str]] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp / 'mlflow.db'}")
+        for stage, arg_lists in runs.items():
+            reads[stage] = set()
+            mp.setattr(sys.modules["_common"], "load_params",
+                       lambda p, seen=reads[stage]: Recorder(load_params(p), "", seen))
+            for args in arg_lists:
+                result = CliRunner().invoke(_stage(stage), ["--params", str(path), *args])
+                assert result.exit_code == 0, result.output + str(result.exception)
+    assert _common.load_params is load_params  # the patch is gone
+    return reads
+
+
+@pytest.mark.parametrize("stage", ["prepare", "train", "evaluate"])
+def test_stages_read_only_declared_params(stage_reads, stage):
+    declared = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]["params"]
+    reads = stage_reads[stage]
+    assert reads, "recorded nothing: the recorder is not in the stage's path"
+    assert undeclared(reads, declared, stage) == [], f"{stage} reads keys dvc.yaml does not list for it"
+
+
+def test_the_recorder_saw_the_reads_that_matter(stage_reads):
+    """The loop really reads its settings through the params (not copies made elsewhere)."""
+    assert {"train.lr", "train.loss_multiplier", "train.telemetry_every", "train.grad_scaler.init_scale",
+            "train.divergence.max_consecutive_skips"} <= stage_reads["train"]
+    assert {"prepare.dataset", "prepare.seed"} <= stage_reads["prepare"]
+    assert {"evaluate.confidence", "evaluate.margin.accuracy_pp", "train.seeds"} <= stage_reads["evaluate"]
