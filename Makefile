@@ -6,7 +6,7 @@ BIN    := $(abspath $(VENV))/bin
 # Stage commands in dvc.yaml call `python`: put the venv first so DVC runs them with it.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install repro test test-fast ui team-server lock clean
+.PHONY: install repro test test-fast lint params ui team-server lock clean
 
 install: $(VENV)/.installed  ## create .venv and install the pinned versions (the first step of every target)
 
@@ -24,6 +24,12 @@ test: $(VENV)/.installed  ## run the test suite (no GPU or network needed)
 
 test-fast: $(VENV)/.installed  ## unit tests only, skips the slow end-to-end ones
 	python -m pytest -q -m "not slow"
+
+lint: $(VENV)/.installed  ## ruff: pyflakes, pycodestyle, import order, bugbear (settings in pyproject.toml)
+	ruff check .
+
+params: $(VENV)/.installed  ## after changing src/ampbench/params.py: rewrite params.yaml's comments and dvc.yaml's params lists
+	ampbench sync-params
 
 ui: $(VENV)/.installed  ## open the MLflow UI (127.0.0.1) on the pipeline's store
 	ampbench ui
