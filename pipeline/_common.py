@@ -1,7 +1,8 @@
 """Shared edge of the stage commands: which library and project root to use, params, one-line errors.
 
 Stage scripts import this first. It puts this checkout's ``src/`` on the path so a queued experiment (which
-DVC runs in a temporary copy) runs the library it hashed as a dependency, not whatever is installed.
+DVC runs in a temporary copy) runs the library it hashed as a dependency, not whatever is installed, and the
+checkout itself, so a model factory ``package.module:callable`` imports from the project root.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import click
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(CHECKOUT / "src"))
+sys.path[:0] = [str(CHECKOUT / "src"), str(CHECKOUT)]
 
 from ampbench import layout  # noqa: E402  (needs the path above)
 from ampbench.errors import AmpbenchError  # noqa: E402
@@ -27,12 +28,15 @@ def project_root() -> Path:
     return Path(os.environ.get("DVC_ROOT") or CHECKOUT).resolve()
 
 
-def code_version() -> str:
-    """Hash of the library's source: a checkpoint written by other code is not resumed."""
+def code_version(model_code: str) -> str:
+    """Hash of the library's source and of train.model_code (file or folder, relative to the checkout as in
+    dvc.yaml): a checkpoint written by other code is not resumed."""
     import hashlib
 
+    code = CHECKOUT / model_code  # an absolute model_code stays absolute
+    files = [*(CHECKOUT / "src" / "ampbench").rglob("*.py"), *([code] if code.is_file() else code.rglob("*"))]
     h = hashlib.sha256()
-    for path in sorted((CHECKOUT / "src" / "ampbench").rglob("*.py")):
+    for path in sorted(p for p in files if p.is_file() and "__pycache__" not in p.parts):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 

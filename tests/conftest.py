@@ -31,7 +31,7 @@ def _merged(base: dict, over: dict) -> dict:
 _TINY_OVERRIDES = {
     "prepare": {"dataset": "digits", "seed": 0, "max_train": 240},
     "train": {"precisions": ["fp32", "tf32", "fp16", "bf16"], "seeds": [0], "device": "cpu", "model": "small_cnn",
-              "width": 8, "epochs": 1, "batch_size": 32, "progress": False},
+              "epochs": 1, "batch_size": 32, "progress": False},
     "evaluate": {"batch_size": 512},
     "mlflow": {"experiment": "ampbench-tests", "log_model": True},
 }
@@ -47,8 +47,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-PROJECT_FILES = ["pipeline", "src", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config", ".dvc/.gitignore",
-                 ".dvc/plots"]
+PROJECT_FILES = ["pipeline", "src", "examples", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
+                 ".dvc/.gitignore", ".dvc/plots"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -91,7 +91,7 @@ def make_project_repo(repo: Path, params: dict) -> tuple[Path, dict]:
 
 @pytest.fixture
 def tiny_params() -> dict:
-    """A deep copy of the tiny params (1 epoch, 1 seed, 240 digits, width 8, CPU)."""
+    """A deep copy of the tiny params (1 epoch, 1 seed, 240 digits, CPU)."""
     return yaml.safe_load(yaml.safe_dump(TINY))
 
 

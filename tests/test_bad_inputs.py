@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,9 @@ PARAM_CASES = [
     ("no-baseline", "evaluate", {"train.precisions": ["fp16", "bf16"]}, "must include the fp32 baseline"),
     ("precisions-duplicate", "train", {"train.precisions": ["fp32", "fp32"]}, "entries must be unique"),
     ("model-unknown", "train", {"train.model": "vgg"}, "train.model:"),
+    ("torchvision-unknown", "train", {"train.model": "torchvision.resnet1"}, "closest: torchvision.resnet18"),
+    ("width-for-torchvision", "train", {"train.model": "torchvision.resnet18", "train.width": 8},
+     "train.width: sizes the built-in models only"),
     ("optimizer-unknown", "train", {"train.optimizer": "lion"}, "train.optimizer:"),
     ("dataset-unknown", "prepare", {"prepare.dataset": "imagenet"}, "prepare.dataset:"),
     ("device-unknown", "train", {"train.device": "tpu"}, "train.device:"),
@@ -162,6 +166,42 @@ def test_bad_environments(name, tmp_path, prepared, mlflow_store, tiny_params, w
     path = write_params(tiny_params)
     before = _files(tmp_path)
     result = _invoke(stage, _args(stage, path, tmp_path, data), env=env)
+    _assert_clean_failure(result, expected, before, tmp_path, mlflow_store)
+
+
+# (id, train.model, factory module text or None, whether train.model_code names it, expected text). {m}: a module
+# name of the case's own, so no case sees another's module in sys.modules.
+MODEL_CASES = [
+    ("factory-import-error", "{m}:build", "import a_package_this_machine_lacks\n", True, "cannot import {m}"),
+    ("factory-wrong-output", "{m}:build",
+     "from torch import nn\ndef build(shape, classes):\n    return nn.Sequential(nn.Flatten(), nn.LazyLinear(3))\n",
+     True, "on input (1, 8, 8): returns torch.float32 of shape (2, 3) in training mode; expected logits of shape "
+           "(2, 10)"),
+    ("factory-untracked", "{m}:build", "def build(shape, classes):\n    return None\n", False,
+     "train.model_code: src/ampbench/models.py does not hold {m}.py"),
+]
+
+
+@pytest.mark.parametrize("case", MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
+def test_models_that_do_not_fit_the_data(case, tmp_path, prepared, mlflow_store, tiny_params, write_params,
+                                         monkeypatch):
+    """Caught by the dry run (or the code check) before any output or MLflow run exists. (Every kind of fault has a
+    unit test in test_model_factory.py; these check the stage's handling of the three ways it can fail.)"""
+    case_id, model, module, tracked, expected = case
+    name = "user_model_" + case_id.replace("-", "_")
+    model, expected = model.format(m=name), expected.format(m=name)
+    code = tmp_path / "user_code"
+    if module is not None:
+        code.mkdir()
+        (code / f"{name}.py").write_text(module)
+        monkeypatch.syspath_prepend(str(code))
+        monkeypatch.setattr(sys, "dont_write_bytecode", True)  # nothing new on disk, not even __pycache__
+    tiny_params["train"].update(model=model, width=None)
+    if tracked:
+        tiny_params["train"]["model_code"] = str(code / f"{name}.py")
+    path = write_params(tiny_params)
+    before = _files(tmp_path)
+    result = _invoke("train", _args("train", path, tmp_path, prepared))
     _assert_clean_failure(result, expected, before, tmp_path, mlflow_store)
 
 

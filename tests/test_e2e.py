@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from conftest import TINY, make_project_repo, run_ok
+from conftest import ROOT, TINY, make_project_repo, run_ok
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +66,7 @@ def test_mlflow_store_at_project_root_with_loadable_models(repo):
         if name != "comparison":
             assert "test_accuracy" in run.data.metrics and "val_loss" in run.data.metrics
             assert run.data.tags["git_commit"] != "unknown"
-    summary = json.loads((repo / "models" / "fp16" / "summary.json").read_text())
+    summary = json.loads((repo / "models" / "bf16" / "summary.json").read_text())
     model = mlflow.pytorch.load_model(summary["seeds"]["0"]["model_uri"])
     x = torch.load(repo / "data" / "prepared" / "test.pt", weights_only=True)["x"][:5]
     assert model(x).shape == (5, 10)
@@ -99,6 +101,38 @@ def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
     assert result["arms"]["fp32"]["in-temp"]["verdict"] == "baseline"
     assert result["arms"]["fp16"]["two-epochs"]["verdict"] == "inconclusive"  # one seed: no interval
     assert "| train.epochs | 2 | 3 |" in markdown(result)
+
+
+def test_the_readme_factory_example_runs_and_dvc_tracks_its_code(repo):
+    """The README's `dvc exp run` line for examples/my_model.py, verbatim; then editing the factory's file makes
+    `dvc status` report the train stages as changed."""
+    repo, env, _ = repo
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["precisions"] = ["fp32", "bf16"]  # time: the command itself is the README's, verbatim
+    params["mlflow"]["log_model"] = False
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(".venv/bin/dvc exp run -S train.model=examples."))
+    command = lines[start]
+    while command.endswith("\\"):
+        start += 1
+        command = command[:-1] + lines[start]
+    args = shlex.split(command)
+    assert args[:3] == [".venv/bin/dvc", "exp", "run"]
+    out = _dvc(*args[1:], repo=repo, env=env)
+    assert "Running stage 'train@fp32'" in out and "Running stage 'evaluate'" in out
+    summary = json.loads((repo / "models" / "bf16" / "summary.json").read_text())
+    assert summary["model"]["name"] == "examples.my_model:build" and summary["model"]["args"] == {
+        "channels": 24, "dropout": 0.1}
+    assert "Model `examples.my_model:build` (channels=24, dropout=0.1)" in (repo / "reports" / "report.md").read_text()
+    assert "Data and pipelines are up to date" in _dvc("status", repo=repo, env=env)
+
+    factory = repo / "examples" / "my_model.py"
+    factory.write_text(factory.read_text() + "# an edit\n")
+    status = _dvc("status", repo=repo, env=env)
+    for stage in ("train@fp32", "train@bf16"):
+        assert f"{stage}:" in status
+    assert "modified:           examples/my_model.py" in status
 
 
 def test_dvc_remote_round_trip(tmp_path, tiny_params):

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from ampbench.models import DEFAULT_WIDTH, build_model
+from ampbench.models import DEFAULT_WIDTH
+from ampbench.models import build_builtin as build_model
 
 
 def _params(model: torch.nn.Module) -> int:
@@ -39,3 +40,27 @@ def test_resnet18_at_width_64_has_the_standard_resnet18_body():
     body = _params(ours) - _params(ours[0]) - _params(ours[-1])
     assert body == _params(reference) - _params(reference.conv1) - _params(reference.fc)
     assert _params(build_model("resnet18", (3, 32, 32), 10, 32)) < _params(ours) / 3  # width really changes it
+
+
+def test_vit_tiny_learns_the_digits():
+    """The built-in transformer trains on the default data on CPU in seconds (chance is 10%)."""
+    from ampbench.data import prepare
+    from ampbench.determinism import seed_everything
+    from ampbench.params import PrepareParams, TrainParams
+    from ampbench.precision import resolve_policy
+    from ampbench.training import LoopConfig, fit, init_state
+
+    digits = prepare(PrepareParams(dataset="digits", max_train=480), None)
+    seed_everything(0)
+    policy = resolve_policy("fp32", torch.device("cpu"))
+    model = build_model("vit_tiny", digits.input_shape, digits.num_classes, None, depth=2)
+    cfg = LoopConfig(TrainParams(epochs=4, batch_size=32, progress=False))
+    records = fit(init_state(model, policy, cfg, torch.device("cpu")), digits.train, digits.val, policy, cfg)
+    assert records[-1].val_accuracy > 0.3 and records[-1].val_loss < records[0].val_loss
+
+
+def test_vit_tiny_refuses_patches_that_do_not_tile_the_image():
+    with pytest.raises(ValueError, match="does not split into 3×3 patches"):
+        build_model("vit_tiny", (1, 8, 8), 10, None, patch_size=3)
+    model = build_model("vit_tiny", (1, 9, 9), 10, 48, patch_size=3, depth=1, heads=3)
+    assert model(torch.randn(2, 1, 9, 9)).shape == (2, 10)

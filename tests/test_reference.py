@@ -6,7 +6,7 @@ import torch
 from ampbench.data import prepare
 from ampbench.determinism import seed_everything
 from ampbench.metrics import arm_seed_metrics
-from ampbench.models import build_model
+from ampbench.models import build_builtin
 from ampbench.params import PrepareParams, TrainParams
 from ampbench.precision import resolve_policy
 from ampbench.training import LoopConfig, fit, init_state, predict
@@ -23,7 +23,7 @@ def _train(arm, data):
     seed_everything(0)
     policy = resolve_policy(arm, CPU)
     policy.apply_backend_flags()
-    model = build_model("small_cnn", data.input_shape, data.num_classes, width=8)
+    model = build_builtin("small_cnn", data.input_shape, data.num_classes, width=8)
     cfg = LoopConfig(TrainParams(epochs=4, batch_size=32, lr=0.01, progress=False), seed=0)
     state = init_state(model, policy, cfg, CPU)
     fit(state, data.train, data.val, policy, cfg)

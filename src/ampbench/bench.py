@@ -91,8 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     d = BenchConfig()
     p = argparse.ArgumentParser(prog="python -m ampbench.bench", description=__doc__.splitlines()[0])
     p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"], help="device to measure on")
-    p.add_argument("--model", default=d.model, choices=MODELS, help="model to train")
-    p.add_argument("--width", type=int, default=d.width, help="small_cnn channels / mlp units ÷ 8")
+    p.add_argument("--model", default=d.model,
+                   help=f"model to train: {' | '.join(MODELS)} | torchvision.<name> | package.module:callable")
+    p.add_argument("--width", type=int, default=d.width, help="width of a built-in model (see train.width)")
     p.add_argument("--image-size", type=int, default=d.image_size, help="synthetic image height = width")
     p.add_argument("--channels", type=int, default=d.channels, help="image channels")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per step")

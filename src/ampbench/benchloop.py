@@ -22,7 +22,7 @@ from ampbench.arms import BASELINE, TF32_REFERENCE
 from ampbench.data import Split
 from ampbench.errors import ArmUnavailable
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
-from ampbench.models import build_model
+from ampbench.model_factory import ModelSpec, build
 from ampbench.monitor import WindowTimer
 from ampbench.params import TrainParams
 from ampbench.precision import resolve_device, resolve_policy
@@ -46,7 +46,8 @@ def _data(cfg: BenchConfig, n: int, device: torch.device, seed: int) -> Split:
 
 def _model(cfg: BenchConfig, device: torch.device, policy):
     torch.manual_seed(0)
-    model = build_model(cfg.model, (cfg.channels, cfg.image_size, cfg.image_size), cfg.classes, cfg.width).to(device)
+    spec = ModelSpec(cfg.model, cfg.width if ModelSpec(cfg.model).kind == "builtin" else None)
+    model = build(spec, (cfg.channels, cfg.image_size, cfg.image_size), cfg.classes).to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model = policy.prepare_model(model)

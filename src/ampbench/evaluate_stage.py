@@ -21,7 +21,7 @@ from ampbench.data import load_prepared
 from ampbench.errors import AmpbenchError
 from ampbench.fileio import atomic_savefig, atomic_write_json, atomic_write_text
 from ampbench.layout import ArmFiles, ReportFiles
-from ampbench.models import build_model
+from ampbench.model_factory import ModelSpec, build
 from ampbench.params import Params
 from ampbench.precision import resolve_device, resolve_policy
 from ampbench.stats import paired_ci, verdict
@@ -35,7 +35,7 @@ FINGERPRINT_KEYS = ("device_name", "compute_capability", "cuda_version", "cudnn_
 def _load_arm_model(ckpt_path: Path, device: torch.device) -> torch.nn.Module:
     ck = checkpoint.load(ckpt_path)
     m = ck["meta"]
-    model = build_model(m["model"], tuple(m["input_shape"]), m["num_classes"], m["width"])
+    model = build(ModelSpec.from_meta(m["model"]), tuple(m["input_shape"]), m["num_classes"])
     model.load_state_dict(ck["model"])
     return model.to(device).eval()
 
@@ -240,6 +240,7 @@ def _log_evaluation(params, project_root, tags, reports, summaries, comparison, 
     flat = {f"{arm}.{k}": v for table in (comparison, speed) for arm, row in table.items() for k, v in row.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
     ctags = {**tags, "ampbench.role": "comparison", "arms": ",".join(params.train.precisions),
+             "model": summaries[BASELINE]["model"]["name"],
              "seeds": ",".join(map(str, params.train.seeds)),
              **{f"verdict.{arm}": row["verdict"] for arm, row in comparison.items()},
              **{f"{r.status}.{r.arm}": r.skipped_reason[:5000] for r in reports if not r.ran}}

@@ -10,6 +10,7 @@ bench take them as they are, also on a GPU box without pydantic (annotations are
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -18,13 +19,42 @@ from ampbench.arms import ABLATIONS, BASELINE, MAIN, NAMES
 from ampbench.errors import ParamsError
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "synthetic")
-MODELS = ("small_cnn", "resnet18", "mlp")
+MODELS = ("small_cnn", "resnet18", "mlp", "vit_tiny")  # the built-ins; see model_kind for the other forms
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "cosine")
 STAGES = ("prepare", "train", "evaluate")
 # The stages that read each section unless a key says otherwise (mlflow: where runs are logged).
 SECTION_STAGES = {"prepare": ("prepare",), "train": ("train",), "evaluate": ("evaluate",),
                   "mlflow": ("train", "evaluate")}
+_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")  # package.module:callable
+
+
+def model_kind(name: str) -> str:
+    """"builtin", "torchvision" (torchvision.<name>) or "factory" (package.module:callable); ValueError else."""
+    if name in MODELS:
+        return "builtin"
+    if name.startswith("torchvision.") and name.count(".") == 1 and name.removeprefix("torchvision.").isidentifier():
+        return "torchvision"
+    if _FACTORY.match(name):
+        return "factory"
+    raise ValueError(f"{name!r} is none of: {' | '.join(MODELS)} | torchvision.<name> | package.module:callable")
+
+
+def _unknown_torchvision_name(name: str) -> str | None:
+    """Why torchvision.<name> is not one of torchvision's classification models (naming the closest), or None.
+    Imports torchvision, so it runs only for such names."""
+    import difflib
+
+    import torchvision
+
+    known = torchvision.models.list_models(module=torchvision.models)  # classifiers only: no detection, video…
+    if name in known:
+        return None
+    close = difflib.get_close_matches(name, known, n=4, cutoff=0.5)
+    hint = f"closest: {', '.join(f'torchvision.{c}' for c in close)}" if close else f"{len(known)} are known"
+    return f"torchvision has no classification model {name!r} ({hint})"
+
+
 # extra="forbid": a typo such as `train.epoch` is an error instead of a silently ignored key.
 _FORBID_EXTRA = {"extra": "forbid"}
 
@@ -112,10 +142,22 @@ class TrainParams(_Section):
         default_factory=lambda: [0, 1, 2])
     device: Annotated[Literal["auto", "cpu", "cuda"], knob("auto (CUDA when present) | cuda | cpu",
                                                            stages=("train", "evaluate"))] = "auto"
-    model: Annotated[Literal[MODELS], knob("small_cnn | resnet18 | mlp")] = "small_cnn"
+    model: Annotated[str, knob(
+        "small_cnn | resnet18 | mlp | vit_tiny | torchvision.<name> (any torchvision classifier, e.g. "
+        "torchvision.mobilenet_v3_small) | package.module:callable (your factory; README: bring your own model)",
+        min_length=1)] = "small_cnn"
+    model_args: Annotated[dict[str, Any], knob(
+        "keyword arguments for the model: vit_tiny's patch_size, depth, heads, mlp_ratio; a torchvision "
+        "builder's; your factory's")] = field(default_factory=dict)
+    model_code: Annotated[str, knob(
+        "the file or folder with train.model's code, a dependency of the train stages: the default for the "
+        "built-ins and torchvision; your factory's module (or package folder) otherwise",
+        stages=("train", "evaluate"), min_length=1)] = (
+        "src/ampbench/models.py")
     width: Annotated[int | None, knob(
-        "small_cnn: channels of the first conv (null: 16); resnet18: of the stem and first stage, doubled per "
-        "stage (null: 64); mlp: hidden units (null: 128)", ge=1, le=4096)] = None
+        "built-ins only. small_cnn: channels of the first conv (null: 16); resnet18: of the stem and first stage, "
+        "doubled per stage (null: 64); mlp: hidden units (null: 128); vit_tiny: embedding width (null: 64)",
+        ge=1, le=4096)] = None
     optimizer: Annotated[Literal[OPTIMIZERS], knob("sgd | adam | adamw")] = "adamw"
     lr: Annotated[float, knob("learning rate (the start of the cosine schedule)", gt=0, le=10)] = 0.003
     weight_decay: Annotated[float, knob("decoupled for adamw, L2 for sgd and adam", ge=0)] = 0.0001
@@ -186,6 +228,18 @@ def _cross_checks(p: Params) -> list[tuple[str, str]]:
     """(key, reason) for combinations of values that are each valid alone but not together."""
     tp = p.train
     problems = []
+    try:
+        kind = model_kind(tp.model)
+    except ValueError as exc:
+        problems.append(("train.model", str(exc)))
+    else:
+        if kind == "torchvision":
+            why = _unknown_torchvision_name(tp.model.removeprefix("torchvision."))
+            if why:
+                problems.append(("train.model", why))
+        if kind != "builtin" and tp.width is not None:
+            problems.append(("train.width", f"sizes the built-in models only; set {tp.model}'s size in "
+                                            "train.model_args"))
     if BASELINE not in tp.precisions:
         problems.append(("train.precisions", f"must include the {BASELINE} baseline: every arm is evaluated "
                                              f"against it (got {tp.precisions})"))

@@ -50,6 +50,22 @@ def _fmt(x, spec: str, suffix: str = "") -> str:
     return "n/a" if x is None else f"{x:{spec}}{suffix}"
 
 
+def _count(n: float) -> str:
+    """1234567 → "1.23M"."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def model_line(model: dict[str, Any]) -> str:
+    """The model's identity in words: name, arguments, parameters, FLOPs per sample."""
+    args = ", ".join(f"{k}={v}" for k, v in model.get("args", {}).items())
+    width = f", width {model['width']}" if model.get("width") is not None else ""
+    return (f"`{model['name']}`{f' ({args})' if args else ''}{width}: {_count(model['parameters'])} parameters, "
+            f"{_count(model['flops_per_sample'])} FLOPs per sample (forward)")
+
+
 def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> str:
     """The table a person reads first (arm, Δaccuracy with CI, verdict, speed ×, memory ×, skipped steps),
     then the reasons for each verdict and what ran."""
@@ -58,7 +74,9 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
     lines = [
         "# ampbench: mixed precision vs strict fp32",
         "",
-        f"Data `{context.get('dataset')}`, model `{context.get('model')}`, device `{context.get('device_name')}`, "
+        f"Model {model_line(context['model'])}.",
+        "",
+        f"Data `{context.get('dataset')}`, device `{context.get('device_name')}`, "
         f"{len(seeds)} seed(s) {seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same "
         f"seed, mean over seeds with its {conf}% Student-t interval. Verdict: *equivalent* when the whole interval "
         f"lies within ±{context.get('margin_pp')} pp, *worse*/*better* when wholly outside, else *inconclusive*.",

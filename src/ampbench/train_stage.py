@@ -26,7 +26,7 @@ from ampbench.errors import ArmUnavailable
 from ampbench.fileio import atomic_write_json
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.layout import ArmFiles
-from ampbench.models import build_model
+from ampbench.model_factory import ModelSpec, build, inspect_model
 from ampbench.monitor import Diverged
 from ampbench.params import Params
 from ampbench.precision import PrecisionPolicy, cudnn_legacy_flags_readable, resolve_device, resolve_policy
@@ -46,6 +46,7 @@ class SeedJob:
     world: distributed.World
     resume_path: Path  # .resume/<arm>/seed<N>.pt
     key: str  # resume.resume_key(): what a checkpoint must match to be continued
+    model: dict[str, Any]  # model_factory.inspect_model(): name, kind, args, parameters, FLOPs per sample
 
     @property
     def name(self) -> str:
@@ -53,8 +54,7 @@ class SeedJob:
 
     def model_meta(self) -> dict[str, Any]:
         """What the evaluate stage needs to rebuild the model from a final checkpoint."""
-        tp = self.params.train
-        return {"arm": self.arm, "seed": self.seed, "model": tp.model, "width": tp.width,
+        return {"arm": self.arm, "seed": self.seed, "model": ModelSpec.from_train(self.params.train).to_meta(),
                 "input_shape": list(self.data.input_shape), "num_classes": self.data.num_classes,
                 "policy": self.policy.describe()}
 
@@ -84,6 +84,7 @@ class ArmOutputs:
         hw = fingerprint(job.device)
         world = str(job.world.size)
         params = {**tracking.flatten("", job.params.to_dict()), **tracking.flatten("effective", job.policy.describe()),
+                  **tracking.flatten("model", {k: job.model[k] for k in ("kind", "parameters", "flops_per_sample")}),
                   "seed": str(job.seed), "dataset.checksum": job.data.meta["checksum"], "world_size": world}
         tags = {**self.tags, "precision": job.arm, "seed": str(job.seed), "device": hw["device_name"],
                 "ablation": str(job.policy.ablation).lower(), "world_size": world,
@@ -155,29 +156,38 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
     device = distributed.device_for(world, device)
     out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, tags, enabled=world.is_main)
     try:
+        data = load_prepared(data_dir)
+        model = check_model(params, data, device)  # before anything is written: a model that does not fit fails
         try:
             policy = resolve_policy(arm, device)
         except ArmUnavailable as exc:
             out.log(f"skipped: {exc}")
-            summary = {"arm": arm, "skipped": str(exc), "hardware": fingerprint(device)}
+            summary = {"arm": arm, "skipped": str(exc), "hardware": fingerprint(device), "model": model}
             out.finished(summary, {})
             return summary
-        data = load_prepared(data_dir)
         out.open(params.mlflow.experiment)
         seeds = {}
         for seed in params.train.seeds:
             key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
-            job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key)
+            job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key, model)
             seeds[str(seed)] = _train_seed(job, data_dir, out)
         distributed.barrier(world)
-        summary = _arm_summary(arm, params, policy, device, world, {s: r for s, (r, _) in seeds.items()})
+        summary = _arm_summary(arm, params, policy, device, world, model, {s: r for s, (r, _) in seeds.items()})
         out.finished(summary, {s: [r.row() for r in records] for s, (_, records) in seeds.items()})
         return summary
     finally:
         distributed.shutdown(world)
 
 
-def _arm_summary(arm, params, policy, device, world, seeds: dict[str, dict]) -> dict[str, Any]:
+def check_model(params: Params, data: Prepared, device: torch.device) -> dict[str, Any]:
+    """Build train.model once and run a dry forward and backward on two training samples on ``device``, with
+    training's determinism settings: ModelError (one line) before any work. Returns the model's identity."""
+    tp = params.train
+    set_deterministic(tp.deterministic, tp.cudnn_benchmark)
+    return inspect_model(ModelSpec.from_train(tp), data.train.x[:2], data.num_classes, device)
+
+
+def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dict]) -> dict[str, Any]:
     ok = [s for s in seeds.values() if not s["diverged"]]
     return {
         "arm": arm,
@@ -185,7 +195,7 @@ def _arm_summary(arm, params, policy, device, world, seeds: dict[str, dict]) -> 
         "diverged": {seed: s["diverged"] for seed, s in seeds.items() if s["diverged"]} or None,
         "ablation": policy.ablation,
         "policy": policy.describe(),
-        "model": params.train.model,
+        "model": model,
         "epochs": params.train.epochs,
         "world_size": world.size,
         "hardware": fingerprint(device),
@@ -203,7 +213,7 @@ def _build(job: SeedJob) -> tuple[torch.nn.Module, TrainState, LoopConfig]:
     seed_everything(job.seed)
     set_deterministic(tp.deterministic, tp.cudnn_benchmark)
     job.policy.apply_backend_flags()
-    model = build_model(tp.model, job.data.input_shape, job.data.num_classes, tp.width).to(job.device)
+    model = build(ModelSpec.from_train(tp), job.data.input_shape, job.data.num_classes).to(job.device)
     model = job.policy.prepare_model(model.to(memory_format=_memory_format(job)))
     cfg = LoopConfig(train=tp, seed=job.seed)
     return model, init_state(model, job.policy, cfg, job.device), cfg
