@@ -121,9 +121,12 @@ def mlflow_store(tmp_path, monkeypatch) -> str:
 @pytest.fixture(autouse=True)
 def _restore_torch_flags():
     """Tests change global backend flags through precision policies; put them back afterwards."""
-    saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
-             torch.backends.cudnn.rnn.fp32_precision, torch.are_deterministic_algorithms_enabled())
+    kernels = (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn,
+               torch.backends.mkldnn.matmul, torch.backends.mkldnn.conv, torch.backends.mkldnn.rnn)
+    saved = [k.fp32_precision for k in kernels]
+    deterministic, matmul = torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision()
     yield
-    (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision,
-     torch.backends.cudnn.rnn.fp32_precision) = saved[:3]
-    torch.use_deterministic_algorithms(saved[3])
+    torch.set_float32_matmul_precision(matmul)  # first: it sets some of the flags below
+    for k, mode in zip(kernels, saved, strict=True):
+        k.fp32_precision = mode
+    torch.use_deterministic_algorithms(deterministic)

@@ -34,6 +34,11 @@ def test_deltas_are_arm_minus_fp32():
     assert m["agreement_vs_fp32"] == 0.75
 
 
+def test_summarise_seeds_with_a_non_finite_value():
+    s = summarise_seeds({0: {"loss": math.nan}, 1: {"loss": 0.5}})
+    assert math.isnan(s["loss"]) and math.isnan(s["loss_std"])
+
+
 def test_summarise_seeds():
     s = summarise_seeds({0: {"a": 1.0}, 1: {"a": 3.0}})
     assert s["a"] == 2.0 and s["a_std"] == pytest.approx(math.sqrt(2))

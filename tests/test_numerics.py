@@ -1,5 +1,7 @@
 """The tutorial's numerical claims, measured: fp16 gradients underflow, the scaler prevents it, and guards."""
 
+import math
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ def _run(arm, **train):
     return records[-1], acc, model
 
 
-# Loss × 2**-20: the gradient reaching the logits is ~1e-8, below fp16's smallest subnormal (2**-24 ≈ 6e-8).
+# Loss × 2**-20: the gradient reaching the logits is ~1e-8, below 2**-25 ≈ 3e-8, which fp16 rounds to zero.
 TINY_LOSS = {"loss_multiplier": 2.0**-20}
 
 
@@ -57,6 +59,36 @@ def test_fp16_without_scaler_underflows_and_the_scaler_fixes_it():
     # ...the true ones (after unscaling) are as tiny as fp32's, and the model learns like fp32.
     assert hs["grad_underflow_frac"] > 0.2
     assert acc32 > 0.85 and abs(acc_scaled - acc32) <= 0.05
+
+
+def _neighbours(x: float) -> list[float]:
+    """x and the float32 values just below and above it."""
+    t = torch.tensor(x, dtype=torch.float32)
+    return [torch.nextafter(t, torch.tensor(-math.inf)).item(), x, torch.nextafter(t, torch.tensor(math.inf)).item()]
+
+
+def test_fp16_limits_are_where_half_rounds():
+    """The probe's thresholds against torch's own float32 → float16 rounding, at the float32 neighbours of each."""
+    from ampbench import telemetry
+
+    values = [v for limit in (telemetry.FP16_ZERO_AT_OR_BELOW, 2.0**-24, telemetry.FP16_SUBNORMAL_BELOW, 2.0**-14,
+                              65504.0, telemetry.FP16_INF_AT_OR_ABOVE) for v in _neighbours(limit)]
+    for v in values:
+        h = torch.tensor(v, dtype=torch.float32).half()
+        assert (h == 0).item() == (v <= telemetry.FP16_ZERO_AT_OR_BELOW), v
+        assert torch.isinf(h).item() == (v >= telemetry.FP16_INF_AT_OR_ABOVE), v
+        assert (0 < h.item() < 2.0**-14) == (telemetry.FP16_ZERO_AT_OR_BELOW < v < telemetry.FP16_SUBNORMAL_BELOW), v
+    # The probe counts exactly these: gradients placed on every neighbour, counted as fp16 would treat them.
+    p = torch.nn.Parameter(torch.zeros(len(values)))
+    p.grad = torch.tensor(values)
+    model = torch.nn.Module()
+    model.p = p
+    probe = telemetry.GradProbe(model, CPU)
+    probe.sample(model, "true")
+    _, layers = probe.epoch_summary()
+    half = p.grad.half()
+    assert layers["p"]["grad_underflow_frac"] == (half == 0).sum().item() / len(values)
+    assert layers["p"]["grad_overflow_frac"] == torch.isinf(half).sum().item() / len(values)
 
 
 def test_normal_loss_has_no_fp16_underflow_worth_mentioning():

@@ -60,6 +60,18 @@ def test_fp32_baseline_turns_off_default_cudnn_tf32():
     assert torch.backends.cudnn.conv.fp32_precision == "ieee"
 
 
+def test_a_medium_matmul_precision_set_elsewhere_does_not_leak_into_fp32():
+    """torch.set_float32_matmul_precision("medium") turns oneDNN's fp32 matmuls into bf16 on CPUs that have bf16;
+    every arm sets oneDNN back to strict fp32 and records it."""
+    torch.set_float32_matmul_precision("medium")
+    assert torch.backends.mkldnn.matmul.fp32_precision == "bf16"
+    policy = resolve_policy("fp32", CPU)
+    policy.apply_backend_flags()
+    ran = policy.describe()
+    assert ran["onednn_matmul_fp32_precision"] == ran["onednn_conv_fp32_precision"] == "ieee"
+    assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
+
+
 def test_legacy_reader_context_restores_flags():
     resolve_policy("fp32", CPU).apply_backend_flags()
     with precision.cudnn_legacy_flags_readable():

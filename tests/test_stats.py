@@ -53,6 +53,32 @@ def test_single_seed_has_no_interval():
     assert v == "inconclusive" and "1 seed gives no confidence interval" in why
 
 
+def test_the_reason_names_the_configured_confidence_level():
+    v, why = verdict(paired_ci([0.001, -0.001, 0.0], confidence=0.9), 0.005, True, " pp", 100)
+    assert v == "equivalent" and why.startswith("the 90% CI")
+
+
+def test_the_margins_ends_count_as_inside():
+    s = paired_ci([0.0, 0.0, 0.0])  # zero-width interval at 0: inside any margin, even 0
+    assert verdict(s, 0.0)[0] == "equivalent"
+    edge = paired_ci([0.004, 0.005, 0.006])  # CI ≈ [+0.25, +0.75] pp; margin exactly the upper end
+    assert verdict(edge, edge.ci_high)[0] == "equivalent"
+
+
+def test_a_non_finite_value_gives_an_invalid_verdict():
+    s = paired_ci([math.nan, 0.01, 0.02])
+    assert not s.finite and s.ci_low is None
+    v, why = verdict(s, 0.005)
+    assert v == "invalid" and "not finite" in why
+    assert verdict(paired_ci([math.inf, 0.0, 0.0]), 0.005)[0] == "invalid"
+
+
+def test_intervals_stay_inside_what_the_quantity_can_be():
+    s = paired_ci([0.99, 1.0, 1.0], bounds=(0, 1))  # agreement: a share
+    assert s.ci_high == 1.0 and 0 <= s.ci_low < s.mean
+    assert paired_ci([0.0, 0.0, 1e-3], bounds=(0, None)).ci_low == 0.0  # KL is never negative
+
+
 def test_identical_runs_are_equivalent():
     assert verdict(paired_ci([0.0, 0.0, 0.0]), 0.005)[0] == "equivalent"
 
@@ -72,3 +98,37 @@ def test_comparison_refuses_mixed_fingerprints():
     ok["bf16"]["hardware"]["device_name"] = "NVIDIA H200"
     with pytest.raises(AmpbenchError, match="refusing to compare bf16 with fp32.*device_name"):
         check_fingerprints(ok)
+
+
+def test_an_arm_with_a_non_finite_loss_is_reported_invalid_not_a_crash(tmp_path):
+    """The comparison, the report and JSON (NaN as null) for an arm whose test loss overflowed."""
+    import json
+
+    from ampbench.evaluate_stage import _tables, paired_statistics
+    from ampbench.fileio import atomic_write_json
+    from ampbench.metrics import summarise_seeds
+    from ampbench.params import Params
+    from ampbench.report import ArmReport, markdown_report
+
+    def seed_metrics(delta_loss: float) -> dict[str, float]:
+        return {"test_accuracy": 0.9, "test_loss": 0.3 + delta_loss, "delta_accuracy_vs_fp32": 0.0,
+                "delta_loss_vs_fp32": delta_loss, "agreement_vs_fp32": 1.0, "kl_vs_fp32": 0.0,
+                "max_abs_logit_diff_vs_fp32": 0.0, "test_ece": 0.05, "delta_ece_vs_fp32": 0.0}
+
+    train = {"samples_per_s": 100.0, "peak_memory_mb": 10.0, "skipped_steps": 0, "policy": {}}
+    reports = []
+    for arm, losses in (("fp32", [0.0, 0.0, 0.0]), ("fp16_pure", [0.01, math.nan, 0.02])):
+        per_seed = {s: seed_metrics(d) for s, d in enumerate(losses)}
+        report = ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed, train=train)
+        report.stats = paired_statistics(per_seed, Params())
+        reports.append(report)
+    comparison, speed, details = _tables(reports)
+    assert comparison["fp16_pure"]["loss_verdict"] == "invalid"
+    assert comparison["fp16_pure"]["verdict"] == "equivalent"  # accuracy itself was finite
+    model = {"name": "small_cnn", "args": {}, "width": None, "parameters": 1, "flops_per_sample": 1}
+    text = markdown_report(reports, {a: {**comparison[a], **speed[a]} for a in comparison},
+                           {"model": model, "seeds": [0, 1, 2], "margin_pp": 0.5})
+    assert "Loss: invalid: a seed's value is not finite" in text
+    path = tmp_path / "details.json"
+    atomic_write_json(path, details)
+    assert json.loads(path.read_text())["fp16_pure"]["delta_loss"] is None  # null, not the invalid JSON NaN

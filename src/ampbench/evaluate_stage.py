@@ -56,9 +56,9 @@ def paired_statistics(per_seed: dict[int, dict[str, float]], params: Params) -> 
     """CIs of the paired differences and verdicts for one arm (per_seed: its metrics vs the baseline, by seed)."""
     ev = params.evaluate
     seeds = sorted(per_seed)
-    cis = {key: paired_ci([per_seed[s][key] for s in seeds], ev.confidence)
-           for key in ("delta_accuracy_vs_fp32", "delta_loss_vs_fp32", "delta_ece_vs_fp32", "agreement_vs_fp32",
-                       "kl_vs_fp32")}
+    bounds = {"delta_accuracy_vs_fp32": (-1, 1), "delta_loss_vs_fp32": (None, None), "delta_ece_vs_fp32": (-1, 1),
+              "agreement_vs_fp32": (0, 1), "kl_vs_fp32": (0, None)}  # the range each quantity can take
+    cis = {key: paired_ci([per_seed[s][key] for s in seeds], ev.confidence, bounds[key]) for key in bounds}
     out: dict[str, Any] = {key: ci.to_dict() for key, ci in cis.items()}
     acc, loss = cis["delta_accuracy_vs_fp32"], cis["delta_loss_vs_fp32"]
     out["verdict"], out["verdict_reason"] = verdict(acc, ev.margin.accuracy_pp / 100, True, " pp", 100)

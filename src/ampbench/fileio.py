@@ -6,6 +6,7 @@ An interrupted stage therefore never leaves a truncated file that DVC or the nex
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -30,9 +31,20 @@ def atomic_write_text(path: Path, text: str) -> None:
     _atomic(path, lambda tmp: tmp.write_text(text))
 
 
+def _finite(obj: Any) -> Any:
+    """``obj`` with NaN and ±inf floats as None: JSON has no such numbers (Python would write invalid NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as indented JSON atomically."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Write ``obj`` as indented JSON atomically (non-finite numbers as null)."""
+    atomic_write_text(path, json.dumps(_finite(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:

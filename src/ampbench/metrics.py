@@ -5,6 +5,7 @@ Pure functions of logits and labels; the evaluate stage loads models and feeds t
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import torch
@@ -63,11 +64,15 @@ def arm_seed_metrics(own: torch.Tensor, fp32eval: torch.Tensor, ref: torch.Tenso
 
 
 def summarise_seeds(per_seed: dict[int, dict[str, float]]) -> dict[str, float]:
-    """Mean over seeds of every metric, plus ``<metric>_std`` (sample std; 0 with one seed)."""
+    """Mean over seeds of every metric, plus ``<metric>_std`` (sample std; 0 with one seed; NaN when a value is
+    not finite, where ``statistics.stdev`` would raise)."""
     keys = next(iter(per_seed.values())).keys()
     out: dict[str, float] = {}
     for key in keys:
         values = [m[key] for m in per_seed.values()]
         out[key] = statistics.fmean(values)
-        out[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        if len(values) == 1:
+            out[f"{key}_std"] = 0.0
+        else:
+            out[f"{key}_std"] = statistics.stdev(values) if all(map(math.isfinite, values)) else math.nan
     return out

@@ -56,16 +56,20 @@ class PrecisionPolicy:
                                     growth_interval=s.growth_interval)
 
     def apply_backend_flags(self) -> None:
-        """Set the fp32 math mode for CUDA matmuls and cuDNN convolutions, explicitly, for every arm.
+        """Set the fp32 math mode for CUDA matmuls, cuDNN and oneDNN (CPU) kernels, explicitly, for every arm.
 
         Uses only the ``fp32_precision`` API: torch warns when the old ``allow_tf32`` flags are mixed with it,
-        and leaves cuDNN convolutions on TF32 by default, which would make a "fp32" baseline not fp32.
+        and leaves cuDNN convolutions on TF32 by default, which would make a "fp32" baseline not fp32. On the CPU,
+        ``torch.set_float32_matmul_precision("medium")`` (called by user code or a library) sets oneDNN's fp32
+        matmuls to bf16 on CPUs that have it; every arm puts them back to "ieee".
         """
         mode = "tf32" if self.tf32 else "ieee"
         torch.backends.cuda.matmul.fp32_precision = mode
         torch.backends.cudnn.conv.fp32_precision = mode
         # RNNs too: torch refuses to read the legacy flag (torch.export does) while conv and rnn differ.
         torch.backends.cudnn.rnn.fp32_precision = mode
+        for kernels in (torch.backends.mkldnn.matmul, torch.backends.mkldnn.conv, torch.backends.mkldnn.rnn):
+            kernels.fp32_precision = "ieee"
 
     def describe(self) -> dict[str, str]:
         """What actually runs, read back from torch after ``apply_backend_flags`` (for params and tags)."""
@@ -78,6 +82,8 @@ class PrecisionPolicy:
             "ablation": str(self.ablation).lower(),
             "cuda_matmul_fp32_precision": torch.backends.cuda.matmul.fp32_precision,
             "cudnn_conv_fp32_precision": torch.backends.cudnn.conv.fp32_precision,
+            "onednn_matmul_fp32_precision": torch.backends.mkldnn.matmul.fp32_precision,
+            "onednn_conv_fp32_precision": torch.backends.mkldnn.conv.fp32_precision,
         }
 
 

@@ -79,7 +79,8 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
         f"Data `{context.get('dataset')}`, device `{context.get('device_name')}`, "
         f"{len(seeds)} seed(s) {seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same "
         f"seed, mean over seeds with its {conf}% Student-t interval. Verdict: *equivalent* when the whole interval "
-        f"lies within ±{context.get('margin_pp')} pp, *worse*/*better* when wholly outside, else *inconclusive*.",
+        f"lies within ±{context.get('margin_pp')} pp (its ends included), *worse*/*better* when wholly outside, "
+        "*invalid* when a metric is not finite, else *inconclusive*.",
         "",
         f"| arm | verdict | Δaccuracy, pp [{conf}% CI] | test accuracy | Δloss | agreement | KL(fp32‖arm) "
         "| ΔECE | speed × fp32 | speed × tf32 | memory × fp32 | skipped steps |",

@@ -1,8 +1,10 @@
 """Gradient telemetry: how many gradient elements float16 would flush to zero or overflow, per layer.
 
 Sampled every ``telemetry_every`` steps (not every step). Counts accumulate on the device and are read once per
-epoch. Thresholds are float16's: smallest subnormal 2**-24 (below it a value rounds to zero), smallest normal
-2**-14 (below it precision degrades), largest finite 65504.
+epoch. The thresholds are where a float32 value x lands when rounded to float16 (round to nearest, ties to even;
+tested against ``tensor.half()`` on the float32 neighbours of each): |x| ≤ 2⁻²⁵ becomes 0 (half the smallest
+subnormal 2⁻²⁴; the tie rounds to the even 0), |x| < 2⁻¹⁴ − 2⁻²⁵ becomes subnormal (fewer significant bits), and
+|x| ≥ 65520 becomes inf (65504, the largest finite value, takes everything below).
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-FP16_SMALLEST_SUBNORMAL = 2.0**-24
-FP16_SMALLEST_NORMAL = 2.0**-14
-FP16_MAX = 65504.0
+FP16_ZERO_AT_OR_BELOW = 2.0**-25
+FP16_SUBNORMAL_BELOW = 2.0**-14 - 2.0**-25  # the midpoint between the largest subnormal and 2⁻¹⁴ rounds up
+FP16_INF_AT_OR_ABOVE = 65520.0  # the midpoint between 65504 and the next step, 65536, rounds up (to inf)
 
 # Columns of the per-parameter count table.
 _COLS = ("elements", "nonzero", "underflow", "subnormal", "overflow")
@@ -44,9 +46,9 @@ class GradProbe:
             nz = g != 0
             rows.append(torch.stack([
                 nz.sum(),
-                (nz & (g < FP16_SMALLEST_SUBNORMAL)).sum(),
-                (nz & (g < FP16_SMALLEST_NORMAL)).sum(),
-                (~torch.isfinite(g) | (g > FP16_MAX)).sum(),
+                (nz & (g <= FP16_ZERO_AT_OR_BELOW)).sum(),
+                (nz & (g < FP16_SUBNORMAL_BELOW)).sum(),
+                (~torch.isfinite(g) | (g >= FP16_INF_AT_OR_ABOVE)).sum(),
             ]).double())
         self.counts[kind] += torch.cat([self.numel[:, None], torch.stack(rows)], dim=1)
         if kind == "true":
