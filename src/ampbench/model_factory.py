@@ -51,7 +51,7 @@ class ModelSpec:
 
     @property
     def kind(self) -> str:
-        """"builtin", "torchvision" or "factory"."""
+        """The form of the name: builtin, torchvision or factory (params.model_kind)."""
         return model_kind(self.name)
 
     def to_meta(self) -> dict[str, Any]:

@@ -30,7 +30,8 @@ _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")  # packag
 
 
 def model_kind(name: str) -> str:
-    """"builtin", "torchvision" (torchvision.<name>) or "factory" (package.module:callable); ValueError else."""
+    """The form of ``train.model``: builtin, torchvision (torchvision.<name>) or factory (package.module:callable);
+    ValueError for anything else."""
     if name in MODELS:
         return "builtin"
     if name.startswith("torchvision.") and name.count(".") == 1 and name.removeprefix("torchvision.").isidentifier():
@@ -152,8 +153,7 @@ class TrainParams(_Section):
     model_code: Annotated[str, knob(
         "the file or folder with train.model's code, a dependency of the train stages: the default for the "
         "built-ins and torchvision; your factory's module (or package folder) otherwise",
-        stages=("train", "evaluate"), min_length=1)] = (
-        "src/ampbench/models.py")
+        stages=("train", "evaluate"), min_length=1)] = "src/ampbench/models.py"
     width: Annotated[int | None, knob(
         "built-ins only. small_cnn: channels of the first conv (null: 16); resnet18: of the stem and first stage, "
         "doubled per stage (null: 64); mlp: hidden units (null: 128); vit_tiny: embedding width (null: 64)",

@@ -44,8 +44,7 @@ class Progress:
     done: dict[str, Any] | None = None  # the seed's summary record once it finished (or diverged)
 
     def to_meta(self) -> dict[str, Any]:
-        meta = dataclasses.asdict(self)  # records become plain dicts (weights_only loading)
-        return meta
+        return dataclasses.asdict(self)  # records become plain dicts (weights_only loading)
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> Progress:

@@ -74,8 +74,9 @@ class EpochRecord:
 
     def row(self) -> dict[str, float]:
         """The epoch's metrics as one flat history row (history.json, MLflow, DVC plots)."""
-        skip = ("grads", "steps", "layers", "windows")
-        return {**{k: v for k, v in dataclasses.asdict(self).items() if k not in skip}, **self.grads}
+        skip = ("grads", "steps", "layers", "windows")  # not copied: asdict would deep-copy the per-layer table
+        metrics = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
+        return {**metrics, **self.grads}
 
 
 def throughput(records: list[EpochRecord]) -> float:
