@@ -40,7 +40,8 @@ def test_inconclusive_with_reason_in_words():
     s = paired_ci([0.01, 0.02, 0.03])  # mean 2 pp, CI ±2.48 pp: crosses both 0 and the margin
     v, why = verdict(s, 0.005, True, " pp", 100)
     assert v == "inconclusive"
-    assert why.startswith("3 seeds are too few to separate a 2.00 pp effect") and "the CI is ±2.48 pp" in why
+    assert why.startswith("the 95% CI [-0.48 pp, +4.48 pp] is ±2.48 pp wide, more than the margin ±0.50 pp")
+    assert "separate a 2.00 pp effect" in why
     narrow = paired_ci([0.004, 0.005, 0.006])  # CI [+0.25, +0.75] pp straddles the +0.5 pp margin
     v, why = verdict(narrow, 0.005, True, " pp", 100)
     assert v == "inconclusive" and "straddles" in why
@@ -104,11 +105,13 @@ def test_an_arm_with_a_non_finite_loss_is_reported_invalid_not_a_crash(tmp_path)
     """The comparison, the report and JSON (NaN as null) for an arm whose test loss overflowed."""
     import json
 
-    from ampbench.evaluate_stage import _tables, paired_statistics
+    import numpy as np
+
+    from ampbench.evaluate_stage import Outcomes, _tables, paired_statistics
     from ampbench.fileio import atomic_write_json
     from ampbench.metrics import summarise_seeds
-    from ampbench.params import Params
     from ampbench.report import ArmReport, markdown_report
+    from ampbench.stats import Margins, SeedNoise
 
     def seed_metrics(delta_loss: float) -> dict[str, float]:
         return {"test_accuracy": 0.9, "test_loss": 0.3 + delta_loss, "delta_accuracy_vs_fp32": 0.0,
@@ -116,19 +119,24 @@ def test_an_arm_with_a_non_finite_loss_is_reported_invalid_not_a_crash(tmp_path)
                 "max_abs_logit_diff_vs_fp32": 0.0, "test_ece": 0.05, "delta_ece_vs_fp32": 0.0}
 
     train = {"samples_per_s": 100.0, "peak_memory_mb": 10.0, "skipped_steps": 0, "policy": {}}
+    noise, margins = SeedNoise(0.001, 0.01, 0.01, 100), Margins(0.005, 0.02, "set", "set")
+    correct = np.ones((3, 100), dtype=bool)
+    ref = Outcomes(correct, np.full((3, 100), 0.3), True)
     reports = []
     for arm, losses in (("fp32", [0.0, 0.0, 0.0]), ("fp16_pure", [0.01, math.nan, 0.02])):
         per_seed = {s: seed_metrics(d) for s, d in enumerate(losses)}
         report = ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed, train=train)
-        report.stats = paired_statistics(per_seed, Params())
+        loss = np.stack([np.full(100, 0.3 + d) for d in losses])
+        report.stats = paired_statistics(per_seed, Outcomes(correct, loss, math.isfinite(sum(losses))), ref,
+                                         margins, noise, 0.95)
         reports.append(report)
-    comparison, speed, details = _tables(reports)
+    comparison, speed, details = _tables(reports, noise, margins)
     assert comparison["fp16_pure"]["loss_verdict"] == "invalid"
-    assert comparison["fp16_pure"]["verdict"] == "equivalent"  # accuracy itself was finite
+    assert comparison["fp16_pure"]["verdict"] == "invalid"  # non-finite logits: its predictions mean nothing
     model = {"name": "small_cnn", "args": {}, "width": None, "parameters": 1, "flops_per_sample": 1}
     text = markdown_report(reports, {a: {**comparison[a], **speed[a]} for a in comparison},
-                           {"model": model, "seeds": [0, 1, 2], "margin_pp": 0.5})
-    assert "Loss: invalid: a seed's value is not finite" in text
+                           {"model": model, "seeds": [0, 1, 2], "margins": margins, "noise": noise})
+    assert "Loss: invalid: a value is not finite" in text
     path = tmp_path / "details.json"
     atomic_write_json(path, details)
     assert json.loads(path.read_text())["fp16_pure"]["delta_loss"] is None  # null, not the invalid JSON NaN

@@ -43,6 +43,21 @@ ABLATIONS: tuple[str, ...] = tuple(a.name for a in _ALL if a.ablation)
 TF32_REFERENCE = "tf32"  # speed and memory are also given relative to this arm when it ran
 
 
+def adoption_code(arm: Arm, device_type: str = "cuda") -> str:
+    """The lines that switch a user's own float32 training step to ``arm`` (the tutorial's recipe)."""
+    if arm.tf32:
+        return ('torch.backends.cuda.matmul.fp32_precision = "tf32"  # once, before training\n'
+                'torch.backends.cudnn.conv.fp32_precision = "tf32"')
+    if arm.autocast is None or arm.ablation:
+        return ""
+    lines = [f'scaler = torch.amp.GradScaler("{device_type}")  # once, before training'] if arm.scaler else []
+    lines += [f'with torch.autocast("{device_type}", dtype=torch.{arm.autocast}):  # forward pass and loss only',
+              "    loss = loss_fn(model(x), y)"]
+    lines += (["scaler.scale(loss).backward()", "scaler.step(optimizer)", "scaler.update()"] if arm.scaler
+              else ["loss.backward()", "optimizer.step()"])
+    return "\n".join(lines)
+
+
 def get(name: str) -> Arm:
     """The arm called ``name``; KeyError names the known ones."""
     try:

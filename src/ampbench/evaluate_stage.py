@@ -9,9 +9,11 @@ figures/*.png; test metrics and verdicts onto each arm's MLflow runs, and one co
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ampbench import checkpoint, tracking
@@ -24,7 +26,17 @@ from ampbench.layout import ArmFiles, ReportFiles
 from ampbench.model_factory import ModelSpec, build
 from ampbench.params import Params
 from ampbench.precision import resolve_device, resolve_policy
-from ampbench.stats import paired_ci, verdict
+from ampbench.stats import (
+    Margins,
+    SeedNoise,
+    against_noise,
+    differs_from_zero,
+    paired_accuracy,
+    paired_ci,
+    paired_mean,
+    resolve_margins,
+    verdict,
+)
 from ampbench.training import predict
 
 # Fingerprint keys that must match across arms: results from different hardware or software are not compared.
@@ -52,24 +64,54 @@ def check_fingerprints(summaries: dict[str, dict]) -> None:
                                 f"software ({shown}); retrain both on one machine (dvc repro --force)")
 
 
-def paired_statistics(per_seed: dict[int, dict[str, float]], params: Params) -> dict[str, Any]:
-    """CIs of the paired differences and verdicts for one arm (per_seed: its metrics vs the baseline, by seed)."""
-    ev = params.evaluate
+@dataclass(frozen=True)
+class Outcomes:
+    """One arm's per-example test outcomes, seeds × examples (the same examples in the same order for every arm)."""
+
+    correct: np.ndarray  # bool
+    loss: np.ndarray  # cross-entropy, nats
+    finite: bool  # every logit finite
+
+    @classmethod
+    def stack(cls, per_seed: dict[int, tuple[torch.Tensor, torch.Tensor, bool]]) -> Outcomes:
+        seeds = sorted(per_seed)
+        return cls(np.stack([per_seed[s][0].numpy() for s in seeds]),
+                   np.stack([per_seed[s][1].numpy() for s in seeds]), all(per_seed[s][2] for s in seeds))
+
+
+def paired_statistics(per_seed: dict[int, dict[str, float]], arm: Outcomes, ref: Outcomes, margins: Margins,
+                      noise: SeedNoise, confidence: float) -> dict[str, Any]:
+    """Intervals of the paired differences and verdicts for one arm against the baseline of the same seeds.
+
+    Accuracy and loss from the per-example outcomes (stats.paired_accuracy, stats.paired_mean); agreement, KL
+    and ECE from the per-seed values (Student t over seeds, cut to the range each can take).
+    """
     seeds = sorted(per_seed)
-    bounds = {"delta_accuracy_vs_fp32": (-1, 1), "delta_loss_vs_fp32": (None, None), "delta_ece_vs_fp32": (-1, 1),
-              "agreement_vs_fp32": (0, 1), "kl_vs_fp32": (0, None)}  # the range each quantity can take
-    cis = {key: paired_ci([per_seed[s][key] for s in seeds], ev.confidence, bounds[key]) for key in bounds}
-    out: dict[str, Any] = {key: ci.to_dict() for key, ci in cis.items()}
-    acc, loss = cis["delta_accuracy_vs_fp32"], cis["delta_loss_vs_fp32"]
-    out["verdict"], out["verdict_reason"] = verdict(acc, ev.margin.accuracy_pp / 100, True, " pp", 100)
-    out["loss_verdict"], out["loss_verdict_reason"] = verdict(loss, ev.margin.loss, False, " nats")
+    bounds = {"delta_ece_vs_fp32": (-1, 1), "agreement_vs_fp32": (0, 1), "kl_vs_fp32": (0, None)}
+    out: dict[str, Any] = {key: paired_ci([per_seed[s][key] for s in seeds], confidence, bounds[key]).to_dict()
+                           for key in bounds}
+    finite = arm.finite and ref.finite
+    acc = paired_accuracy(arm.correct, ref.correct, confidence, finite)
+    loss = paired_mean(arm.loss - ref.loss, confidence) if finite else paired_mean(
+        np.full(arm.loss.shape, np.nan), confidence)
+    out["delta_accuracy_vs_fp32"], out["delta_loss_vs_fp32"] = acc.to_dict(), loss.to_dict()
+    out["verdict"], out["verdict_reason"] = verdict(acc, margins.accuracy, True, " pp", 100)
+    out["loss_verdict"], out["loss_verdict_reason"] = verdict(loss, margins.loss, False, " nats", digits=4)
+    out["vs_seed_noise"], noise_text = against_noise(acc, noise.accuracy_floor, " pp", 100)
+    out["loss_vs_seed_noise"], loss_noise_text = against_noise(loss, noise.loss_sd, " nats", digits=4)
+    if acc.finite:
+        flips = (f"{acc.fp32_right_arm_wrong} of {acc.pairs} paired predictions right in fp32 only, "
+                 f"{acc.arm_right_fp32_wrong} right in the arm only")
+        out["verdict_reason"] += f" ({flips}; the difference is {noise_text})"
+        out["loss_verdict_reason"] += f" (the difference is {loss_noise_text})"
+    out["differs_from_fp32"] = differs_from_zero(acc)
     return out
 
 
 def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir: Path, project_root: Path,
                   tags: dict[str, str]) -> dict[str, Any]:
     """Evaluate every arm on the test split against the baseline of the same seed; write reports; log to MLflow."""
-    from ampbench.metrics import arm_seed_metrics, summarise_seeds
+    from ampbench.metrics import arm_seed_metrics, example_outcomes, seed_noise, summarise_seeds
     from ampbench.report import ArmReport
 
     tp = params.train
@@ -92,6 +134,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     # Logits per arm and seed: in the arm's own precision, and the same weights in strict fp32.
     reports: list[ArmReport] = []
     ref: dict[int, torch.Tensor] = {}
+    outcomes: dict[str, Outcomes] = {}
     for arm in [BASELINE] + [a for a in tp.precisions if a != BASELINE]:
         s = summaries[arm]
         if s["skipped"] or s.get("diverged"):
@@ -102,7 +145,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
         policy = resolve_policy(arm, device)
         arm_files = ArmFiles(models_dir / arm)
         histories = json.loads(arm_files.history.read_text())
-        per_seed = {}
+        per_seed, examples = {}, {}
         for seed in tp.seeds:
             model = _load_arm_model(arm_files.checkpoint(seed), device)
             policy.apply_backend_flags()
@@ -112,21 +155,27 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             if arm == BASELINE:
                 ref[seed] = own
             per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test.y, params.evaluate.calibration_bins)
+            examples[seed] = (*example_outcomes(own, test.y), bool(torch.isfinite(own).all()))
+        outcomes[arm] = Outcomes.stack(examples)
         reports.append(ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed,
                                  histories={int(k): v for k, v in histories.items()},
                                  train={k: s.get(k) for k in ("samples_per_s", "peak_memory_mb", "skipped_steps",
-                                                              "policy")},
+                                                              "optimizer_steps", "policy")},
                                  ablation=s.get("ablation", False)))
+    ev = params.evaluate
+    noise = seed_noise(ref, test.y)
+    margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
     for r in reports:
         if r.ran:
-            r.stats = paired_statistics(r.per_seed, params)
+            r.stats = paired_statistics(r.per_seed, outcomes[r.arm], outcomes[BASELINE], margins, noise,
+                                        ev.confidence)
 
-    comparison, speed, details = _tables(reports)
+    comparison, speed, details = _tables(reports, noise, margins)
     base = summaries[BASELINE]
     hw = base["hardware"]
     context = {"dataset": data.meta["dataset"], "model": base["model"], "seeds": tp.seeds, "epochs": base["epochs"],
-               "device_name": hw["device_name"], "margin_pp": params.evaluate.margin.accuracy_pp,
-               "confidence": params.evaluate.confidence}
+               "device_name": hw["device_name"], "device_type": device.type, "margins": margins, "noise": noise,
+               "margin_pp": 100 * margins.accuracy, "confidence": ev.confidence}
     if device.type == "cpu":
         context["note"] = (
             f"CPU run. This CPU's 16-bit instructions: {hw['cpu_16bit_flags']}. Without AVX512-BF16/AMX, bf16 "
@@ -135,7 +184,12 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             "the process's peak RSS (imports included). Speeds are reported as measured.")
     report_files = ReportFiles(reports_dir)
     _write_reports(reports, comparison, speed, details, context, report_files)
-    _log_evaluation(params, project_root, tags, reports, summaries, comparison, speed, report_files)
+    from ampbench.report import recommendation
+
+    merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
+    advice = recommendation(merged, context)[0].replace("**", "")
+    log(advice)
+    _log_evaluation(params, project_root, tags, advice, reports, summaries, comparison, speed, report_files)
     return comparison
 
 
@@ -144,11 +198,15 @@ def _pp(fraction: float | None) -> float | None:
     return None if fraction is None else round(100 * fraction, 4)
 
 
+def _round(x: float | None, digits: int = 6) -> float | None:
+    return None if x is None else round(x, digits)
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a and b else None
 
 
-def _tables(reports) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _tables(reports, noise: SeedNoise, margins: Margins) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(comparison.json, speed.json, details.json).
 
     comparison.json holds what training deterministically produces (verdicts, Δ with CI, agreement, …), so a
@@ -179,16 +237,30 @@ def _tables(reports) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
             "delta_accuracy_pp_ci_low": _pp(acc["ci_low"]),
             "delta_accuracy_pp_ci_high": _pp(acc["ci_high"]),
             "test_loss": round(s["test_loss"], 6),
-            "delta_loss": round(loss["mean"], 6),
-            "delta_loss_ci_low": None if loss["ci_low"] is None else round(loss["ci_low"], 6),
-            "delta_loss_ci_high": None if loss["ci_high"] is None else round(loss["ci_high"], 6),
+            "delta_loss": _round(loss["mean"]),
+            "delta_loss_ci_low": _round(loss["ci_low"]),
+            "delta_loss_ci_high": _round(loss["ci_high"]),
             "agreement_vs_fp32": round(s["agreement_vs_fp32"], 6),
             "kl_vs_fp32": round(s["kl_vs_fp32"], 8),
             "max_abs_logit_diff_vs_fp32": round(s["max_abs_logit_diff_vs_fp32"], 6),
             "ece": round(s["test_ece"], 6),
             "delta_ece": round(s["delta_ece_vs_fp32"], 6),
             "skipped_steps": t["skipped_steps"],
+            "optimizer_steps": t.get("optimizer_steps"),
         }
+        if r.arm == BASELINE:  # the noise floor and the margins in use, once; no interval of fp32 against itself
+            for key in ("delta_accuracy_pp_ci_low", "delta_accuracy_pp_ci_high", "delta_loss_ci_low",
+                        "delta_loss_ci_high"):
+                row[key] = None
+            row.update({"fp32_seed_sd_accuracy_pp": _pp(noise.accuracy_sd),
+                        "fp32_seed_sd_loss": _round(noise.loss_sd),
+                        "fp32_seed_disagreement": _round(noise.disagreement),
+                        "margin_accuracy_pp": _pp(margins.accuracy), "margin_loss": _round(margins.loss)})
+        else:
+            row.update({"vs_seed_noise": st["vs_seed_noise"], "differs_from_fp32": st["differs_from_fp32"],
+                        "paired_examples": acc["pairs"], "fp32_right_arm_wrong": acc["fp32_right_arm_wrong"],
+                        "arm_right_fp32_wrong": acc["arm_right_fp32_wrong"],
+                        "design_effect": _round(acc["design_effect"], 4)})
         timing = {
             "samples_per_s": round(t["samples_per_s"], 1),
             "speedup_vs_fp32": _ratio(t["samples_per_s"], base.train["samples_per_s"]),
@@ -219,8 +291,10 @@ def _write_reports(reports, comparison, speed, details, context, files: ReportFi
     atomic_savefig(speed_memory_figure(merged), figures / "speed_memory.png")
 
 
-def _log_evaluation(params, project_root, tags, reports, summaries, comparison, speed, files: ReportFiles) -> None:
-    """Test metrics and the arm's verdict onto each arm's runs; one comparison run with the report."""
+def _log_evaluation(params, project_root, tags, advice: str, reports, summaries, comparison, speed,
+                    files: ReportFiles) -> None:
+    """Test metrics and the arm's verdict onto each arm's runs; one comparison run with the report and the
+    recommendation (``advice``) as a tag."""
     tracking.setup(project_root, params.mlflow.experiment)
     for r in reports:
         if not r.ran:
@@ -230,7 +304,7 @@ def _log_evaluation(params, project_root, tags, reports, summaries, comparison, 
                        and not isinstance(v, bool)}
         arm_tags = {"evaluated": "true", "verdict": arm_row["verdict"], "loss_verdict": arm_row["loss_verdict"]}
         if r.arm != BASELINE:
-            arm_tags["verdict_reason"] = r.stats["verdict_reason"]
+            arm_tags.update({"verdict_reason": r.stats["verdict_reason"], "vs_seed_noise": r.stats["vs_seed_noise"]})
         for seed, m in r.per_seed.items():
             run_id = summaries[r.arm]["seeds"][str(seed)]["run_id"]
             if tracking.run_exists(run_id):
@@ -239,7 +313,8 @@ def _log_evaluation(params, project_root, tags, reports, summaries, comparison, 
                 log(f"[{r.arm}] seed {seed}: run {run_id} is not in this MLflow store; test metrics not attached")
     flat = {f"{arm}.{k}": v for table in (comparison, speed) for arm, row in table.items() for k, v in row.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    ctags = {**tags, "ampbench.role": "comparison", "arms": ",".join(params.train.precisions),
+    ctags = {**tags, "ampbench.role": "comparison", "recommendation": advice[:5000],
+             "arms": ",".join(params.train.precisions),
              "model": summaries[BASELINE]["model"]["name"],
              "seeds": ",".join(map(str, params.train.seeds)),
              **{f"verdict.{arm}": row["verdict"] for arm, row in comparison.items()},

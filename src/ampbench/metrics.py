@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from ampbench.stats import SeedNoise
 
 
 def classification_metrics(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
@@ -18,6 +22,12 @@ def classification_metrics(logits: torch.Tensor, y: torch.Tensor) -> dict[str, f
         "accuracy": (logits.argmax(dim=1) == y).float().mean().item(),
         "loss": F.cross_entropy(logits, y).item(),
     }
+
+
+def example_outcomes(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per test example: (correct (bool), cross-entropy) of float32 logits, on the CPU — the paired inputs of
+    the per-example statistics."""
+    return (logits.argmax(dim=1) == y).cpu(), F.cross_entropy(logits.float(), y, reduction="none").cpu()
 
 
 def compare_to_reference(logits: torch.Tensor, ref_logits: torch.Tensor) -> dict[str, float]:
@@ -61,6 +71,22 @@ def arm_seed_metrics(own: torch.Tensor, fp32eval: torch.Tensor, ref: torch.Tenso
         "test_ece": ece,
         "delta_ece_vs_fp32": ece - ece_ref,
     }
+
+
+def seed_noise(ref_logits: dict[int, torch.Tensor], y: torch.Tensor) -> SeedNoise:
+    """fp32's seed-to-seed variation on the test split, from its logits per seed."""
+    from itertools import combinations
+
+    from ampbench.stats import SeedNoise
+
+    metrics = [classification_metrics(ref_logits[s], y) for s in sorted(ref_logits)]
+    if len(metrics) < 2:
+        return SeedNoise(None, None, None, len(y))
+    preds = [ref_logits[s].argmax(dim=1) for s in sorted(ref_logits)]
+    disagreement = statistics.fmean((a != b).float().mean().item() for a, b in combinations(preds, 2))
+    sd = [statistics.stdev(m[k] for m in metrics) if all(math.isfinite(m[k]) for m in metrics) else math.nan
+          for k in ("accuracy", "loss")]
+    return SeedNoise(sd[0], sd[1], disagreement, len(y))
 
 
 def summarise_seeds(per_seed: dict[int, dict[str, float]]) -> dict[str, float]:

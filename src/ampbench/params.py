@@ -56,6 +56,14 @@ def _unknown_torchvision_name(name: str) -> str | None:
     return f"torchvision has no classification model {name!r} ({hint})"
 
 
+def at_least(bound: float):
+    """A lower bound for one member of a union (``float | Literal["auto"]``), where a knob's ge would also be
+    applied to the string."""
+    from pydantic import Field
+
+    return Field(ge=bound)
+
+
 # extra="forbid": a typo such as `train.epoch` is an error instead of a silently ignored key.
 _FORBID_EXTRA = {"extra": "forbid"}
 
@@ -189,8 +197,11 @@ class MarginParams(_Section):
 
     __pydantic_config__ = _FORBID_EXTRA
 
-    accuracy_pp: Annotated[float, knob("|Δ test accuracy| in percentage points", ge=0)] = 0.5
-    loss: Annotated[float, knob("|Δ test loss| in nats", ge=0)] = 0.02
+    accuracy_pp: Annotated[Annotated[float, at_least(0)] | Literal["auto"], knob(
+        "|Δ test accuracy| in percentage points, or auto: fp32's seed-to-seed standard deviation of test accuracy "
+        "(at least one test example; needs ≥ 2 seeds)")] = 0.5
+    loss: Annotated[Annotated[float, at_least(0)] | Literal["auto"], knob(
+        "|Δ test loss| in nats, or auto: fp32's seed-to-seed standard deviation of test loss")] = 0.02
 
 
 @dataclass(frozen=True)
@@ -198,7 +209,7 @@ class EvaluateParams(_Section):
     __pydantic_config__ = _FORBID_EXTRA
 
     batch_size: Annotated[int, knob("test samples per forward pass", ge=1)] = 1024
-    confidence: Annotated[float, knob("of the paired-difference intervals (Student t over seeds)", gt=0.5,
+    confidence: Annotated[float, knob("of the paired intervals (per-example score interval and t over seeds)", gt=0.5,
                                       lt=1)] = 0.95
     calibration_bins: Annotated[int, knob("bins of the expected calibration error", ge=2)] = 15
     margin: Annotated[MarginParams, knob("equivalence margins for the verdicts")] = field(
@@ -247,6 +258,10 @@ def _cross_checks(p: Params) -> list[tuple[str, str]]:
         value = getattr(tp, key)
         if len(set(value)) != len(value):
             problems.append((f"train.{key}", f"entries must be unique, got {value}"))
+    for key in ("accuracy_pp", "loss"):
+        if getattr(p.evaluate.margin, key) == "auto" and len(tp.seeds) < 2:
+            problems.append((f"evaluate.margin.{key}", "auto derives the margin from fp32's seed-to-seed variation, "
+                                                       f"which needs at least 2 seeds in train.seeds (got {tp.seeds})"))
     if tp.cudnn_benchmark and tp.deterministic:
         problems.append(("train.cudnn_benchmark", "picks kernels by timing, which is not deterministic: set "
                                                   "train.deterministic: false to use it"))
@@ -256,13 +271,19 @@ def _cross_checks(p: Params) -> list[tuple[str, str]]:
     return problems
 
 
-def _describe(error: dict[str, Any]) -> str:
-    where = ".".join(str(p) for p in error["loc"]) or "params"
+def _where(error: dict[str, Any]) -> str:
+    # Union members add their tag to the location (e.g. "constrained-float"): not a key, so left out.
+    return ".".join(str(p) for p in error["loc"] if not isinstance(p, str) or p.isidentifier()) or "params"
+
+
+def _describe(error: dict[str, Any], also: list[dict[str, Any]] = ()) -> str:
+    where = _where(error)
     if error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
         return f"{where}: unknown key (a typo?)"
     got = error.get("input")
     shown = "" if isinstance(got, dict) else f" (got {got!r})"
-    return f"{where}: {error['msg']}{shown}"
+    msgs = [error["msg"]] + [e["msg"] for e in also]  # a union's members: any of them would do
+    return f"{where}: {', or '.join(msgs)}{shown}"
 
 
 def validate(raw: dict[str, Any] | None) -> Params:
@@ -273,8 +294,10 @@ def validate(raw: dict[str, Any] | None) -> Params:
         params = TypeAdapter(Params).validate_python(raw or {})
     except ValidationError as exc:
         errors = exc.errors()
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ParamsError(_describe(errors[0]) + more) from None
+        same = [e for e in errors[1:] if _where(e) == _where(errors[0])]
+        rest = len(errors) - 1 - len(same)
+        more = f" (and {rest} more)" if rest else ""
+        raise ParamsError(_describe(errors[0], same) + more) from None
     problems = _cross_checks(params)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -8,12 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampbench.arms import BASELINE
+from ampbench.arms import BASELINE, TF32_REFERENCE, adoption_code
+from ampbench.arms import get as get_arm
 
 CURVE_KEYS = ("train_loss", "val_loss", "val_accuracy", "loss_scale")
 # Also written to the DVC plot rows (not drawn in the PNG): the scaler and underflow story per epoch.
 PLOT_EXTRA_KEYS = ("grad_underflow_frac", "scaled_grad_underflow_frac", "grad_zero_frac", "grad_norm",
                    "skipped_steps")
+
+
+HEALTHY_SKIP_SHARE = 0.02  # a scaler that skips more optimizer steps than this is fighting overflow, not settling
+MIN_SPEEDUP = 1.05  # smaller throughput gains are within timing noise and are not called faster
 
 
 @dataclass
@@ -66,40 +71,113 @@ def model_line(model: dict[str, Any]) -> str:
             f"{_count(model['flops_per_sample'])} FLOPs per sample (forward)")
 
 
+def _why_not(arm: str, c: dict[str, Any]) -> str | None:
+    """Why ``arm`` cannot be recommended (None: it can, speed aside)."""
+    if c["status"] != "ok":
+        return f"{arm}: {c['status']}"
+    why = [f"{what} {c[key]}" for what, key in (("accuracy", "verdict"), ("loss", "loss_verdict"))
+           if c[key] != "equivalent"]
+    steps, skipped = c.get("optimizer_steps") or 0, c.get("skipped_steps") or 0
+    if skipped > HEALTHY_SKIP_SHARE * steps:
+        why.append(f"its scaler skipped {skipped} of {steps} optimizer steps")
+    return f"{arm}: {' and '.join(why)}" if why else None
+
+
+def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[str, str]:
+    """(one line, code): the fastest arm whose accuracy and loss verdicts are both equivalent, whose scaler stayed
+    healthy and which is measurably faster than fp32, with its speed and memory gain and the code that adopts it;
+    or "stay on fp32" and why. ``merged``: comparison and speed rows per arm."""
+    candidates = {a: c for a, c in merged.items() if a != BASELINE and not c.get("ablation")}
+    reasons, fit = [], []
+    for arm, c in candidates.items():
+        why = _why_not(arm, c)
+        if why:
+            reasons.append(why)
+        elif (c.get("speedup_vs_fp32") or 0) < MIN_SPEEDUP:
+            reasons.append(f"{arm}: equivalent, but {c.get('speedup_vs_fp32') or 0:.2f}× fp32's samples/s")
+        else:
+            fit.append(arm)
+    cpu = (" Measured on a CPU: mixed-precision speed on a GPU is a different story; rerun there before "
+           "deciding." if context.get("device_type") == "cpu" else "")
+    if fit:
+        best = max(fit, key=lambda a: merged[a]["samples_per_s"])
+        c = merged[best]
+        vs_tf32 = (f", {c['speedup_vs_tf32']:.2f}× tf32's" if c.get("speedup_vs_tf32") and best != TF32_REFERENCE
+                   else "")
+        memory = f", {c['memory_vs_fp32']:.2f}× its peak memory" if c.get("memory_vs_fp32") else ""
+        line = (f"**Recommendation: switch to {best}.** Accuracy and loss are equivalent to fp32 "
+                f"(Δaccuracy {c['delta_accuracy_pp']:+.2f} pp [{c['delta_accuracy_pp_ci_low']:+.2f}, "
+                f"{c['delta_accuracy_pp_ci_high']:+.2f}]), the loss scaler stayed healthy, and it runs at "
+                f"{c['speedup_vs_fp32']:.2f}× fp32's samples/s{vs_tf32}{memory}. In your own training step:{cpu}")
+        return line, adoption_code(get_arm(best), "cuda" if context.get("device_type") != "cpu" else "cpu")
+    inconclusive = any(c.get("verdict") == "inconclusive" or c.get("loss_verdict") == "inconclusive"
+                       for c in candidates.values())
+    more = (" More seeds narrow the intervals: `dvc exp run -S 'train.seeds=[0,1,2,3,4]'`."
+            if inconclusive else "")
+    why = "; ".join(reasons) if reasons else "no mixed-precision arm was trained"
+    return f"**Recommendation: stay on fp32.** No arm is both equivalent and faster ({why}).{more}{cpu}", ""
+
+
 def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> str:
     """The table a person reads first (arm, Δaccuracy with CI, verdict, speed ×, memory ×, skipped steps),
     then the reasons for each verdict and what ran."""
     seeds = context.get("seeds", [])
     conf = int(round(100 * context.get("confidence", 0.95)))
+    margins, noise = context["margins"], context["noise"]
+    rec, code = recommendation(comparison, context)
+    acc_margin = f"±{100 * margins.accuracy:.2f} pp" + (" (auto: fp32's seed sd)" if margins.accuracy_rule == "auto"
+                                                         else "")
+    loss_margin = f"±{margins.loss:.3f} nats" + (" (auto)" if margins.loss_rule == "auto" else "")
+    floor = ("fp32's seed-to-seed variation: one seed only, unknown" if noise.accuracy_sd is None else
+             f"fp32's own seed-to-seed variation: test accuracy sd {100 * noise.accuracy_sd:.2f} pp, test loss sd "
+             f"{noise.loss_sd:.4f} nats; two fp32 seeds disagree on {100 * noise.disagreement:.2f}% of test "
+             "predictions")
     lines = [
         "# ampbench: mixed precision vs strict fp32",
+        "",
+        rec,
+        *([""] + ["```python", code, "```"] if code else []),
         "",
         f"Model {model_line(context['model'])}.",
         "",
         f"Data `{context.get('dataset')}`, device `{context.get('device_name')}`, "
         f"{len(seeds)} seed(s) {seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same "
-        f"seed, mean over seeds with its {conf}% Student-t interval. Verdict: *equivalent* when the whole interval "
-        f"lies within ±{context.get('margin_pp')} pp (its ends included), *worse*/*better* when wholly outside, "
-        "*invalid* when a metric is not finite, else *inconclusive*.",
+        f"seed on the same test examples. The {conf}% intervals of Δaccuracy and Δloss use every seed's "
+        "per-example paired outcomes (a score interval on the discordant pairs, widened when the same examples "
+        "flip in every seed, joined with the Student-t interval over the per-seed differences; README: An honest "
+        f"verdict). Verdict: *equivalent* when the whole interval lies within the margin (accuracy {acc_margin}, "
+        f"loss {loss_margin}; its ends included), *worse*/*better* when wholly outside, *invalid* when a value is "
+        f"not finite, else *inconclusive*. {floor}.",
         "",
-        f"| arm | verdict | Δaccuracy, pp [{conf}% CI] | test accuracy | Δloss | agreement | KL(fp32‖arm) "
-        "| ΔECE | speed × fp32 | speed × tf32 | memory × fp32 | skipped steps |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| arm | verdict | Δaccuracy, pp [{conf}% CI] | right only in fp32 / only in arm | vs fp32 seed noise "
+        "| test accuracy | loss verdict | Δloss [CI] | agreement | KL(fp32‖arm) | ΔECE | speed × fp32 | speed × tf32 "
+        "| memory × fp32 | skipped steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a in arms:
         name = f"{a.arm} (ablation)" if a.ablation else a.arm
         if not a.ran:
-            lines.append(f"| {name} | **{a.status}** | {a.skipped_reason} | | | | | | | | | |")
+            lines.append(f"| {name} | **{a.status}** | {a.skipped_reason} |" + " |" * 12)
             continue
         c = comparison[a.arm]
-        ci = ("" if c.get("delta_accuracy_pp_ci_low") is None
-              else f" [{c['delta_accuracy_pp_ci_low']:+.2f}, {c['delta_accuracy_pp_ci_high']:+.2f}]")
-        delta = "—" if a.arm == BASELINE else f"{c['delta_accuracy_pp']:+.2f}{ci}"
+        if a.arm == BASELINE:
+            delta = flips = noise_label = "—"
+            dloss = f"{c['delta_loss']:+.4f}"
+        else:
+            ci = ("" if c.get("delta_accuracy_pp_ci_low") is None
+                  else f" [{c['delta_accuracy_pp_ci_low']:+.2f}, {c['delta_accuracy_pp_ci_high']:+.2f}]")
+            delta = f"{_fmt(c.get('delta_accuracy_pp'), '+.2f')}{ci}"
+            flips = f"{c['fp32_right_arm_wrong']} / {c['arm_right_fp32_wrong']} of {c['paired_examples']}"
+            noise_label = c["vs_seed_noise"]
+            lci = ("" if c.get("delta_loss_ci_low") is None
+                   else f" [{c['delta_loss_ci_low']:+.4f}, {c['delta_loss_ci_high']:+.4f}]")
+            dloss = f"{_fmt(c.get('delta_loss'), '+.4f')}{lci}"
         lines.append(
-            f"| {name} | **{c['verdict']}** | {delta} | {100 * c['test_accuracy']:.2f}% | {c['delta_loss']:+.4f} "
-            f"| {100 * c['agreement_vs_fp32']:.2f}% | {c['kl_vs_fp32']:.2e} | {c['delta_ece']:+.4f} "
-            f"| {_fmt(c.get('speedup_vs_fp32'), '.2f', '×')} | {_fmt(c.get('speedup_vs_tf32'), '.2f', '×')} "
-            f"| {_fmt(c.get('memory_vs_fp32'), '.2f', '×')} | {c['skipped_steps']} |")
+            f"| {name} | **{c['verdict']}** | {delta} | {flips} | {noise_label} | {100 * c['test_accuracy']:.2f}% "
+            f"| {c['loss_verdict']} | {dloss} | {100 * c['agreement_vs_fp32']:.2f}% | {c['kl_vs_fp32']:.2e} "
+            f"| {c['delta_ece']:+.4f} | {_fmt(c.get('speedup_vs_fp32'), '.2f', '×')} "
+            f"| {_fmt(c.get('speedup_vs_tf32'), '.2f', '×')} | {_fmt(c.get('memory_vs_fp32'), '.2f', '×')} "
+            f"| {c['skipped_steps']} |")
     lines += ["", "Why each verdict:", ""]
     for a in arms:
         if a.ran and a.arm != BASELINE:
@@ -149,7 +227,7 @@ def accuracy_delta_figure(arms: list[ArmReport], margin_pp: float):
                     fontsize=8)
     ax.set_yticks(range(len(ran)), [a.arm for a in ran])
     ax.set_ylim(-0.7, len(ran) - 0.3)
-    ax.set_xlabel("Δ test accuracy vs fp32 (percentage points), mean and CI over seeds")
+    ax.set_xlabel("Δ test accuracy vs fp32 (percentage points), with its paired CI (seeds × test examples)")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig

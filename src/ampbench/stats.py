@@ -1,9 +1,19 @@
-"""Paired statistics over seeds: mean, std, Student-t confidence interval and an equivalence verdict.
+"""Paired statistics: per-example paired intervals, the seed-level t interval, seed noise and equivalence verdicts.
 
-Each non-baseline arm is compared with the fp32 arm *of the same seed*; the verdict uses those paired
-differences. ``equivalent`` when the whole CI sits inside ±margin (its ends included), ``worse``/``better`` when it
-sits wholly outside, ``inconclusive`` otherwise, ``invalid`` when a value is not finite — always with the reason
-in words.
+Each non-baseline arm is compared with the fp32 arm *of the same seed on the same test examples*. Accuracy uses
+the per-example paired outcomes of every seed: the discordant pairs (arm right where fp32 was wrong, and the
+reverse), pooled over seeds, give Tango's score interval, with the counts deflated by a design effect ≥ 1 when the
+same examples flip in every seed or the seeds disagree more than example sampling explains (cluster-robust
+variances). The reported interval is the hull of that interval and the Student-t interval over the per-seed
+differences, so it covers both example sampling and seed-to-seed variation. It is never zero-width for accuracy:
+with no discordant pair at all, the score interval keeps the width that many agreeing pairs allow. Loss uses the
+per-example loss differences the same way (a t interval on the cluster-robust variance instead of the score
+interval).
+
+Verdict: ``equivalent`` when the whole interval sits inside ±margin (its ends included), ``worse``/``better``
+when it sits wholly outside, ``inconclusive`` otherwise, ``invalid`` when a value is not finite — always with the
+reason in words. ``SeedNoise`` is fp32's own seed-to-seed variation, the floor a precision effect is judged against
+and the source of ``auto`` margins.
 """
 
 from __future__ import annotations
@@ -15,15 +25,20 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class PairedSummary:
-    """Summary of paired differences (arm − fp32) of one metric over seeds."""
+    """Paired differences (arm − fp32) of one metric: the mean over seeds (and examples) and its interval."""
 
-    n: int
+    n: int  # seeds
     mean: float  # NaN when a value is not finite
-    std: float  # sample std (n − 1); 0 with one seed
-    ci_low: float | None  # None with fewer than 2 seeds (no interval exists) or a non-finite value
+    std: float  # sample std of the per-seed differences (n − 1); 0 with one seed
+    ci_low: float | None  # None when no interval exists (one seed, no per-example data) or a value is not finite
     ci_high: float | None
     confidence: float = 0.95
-    finite: bool = True  # False: some seed's value is NaN or ±inf, and no statistic is meaningful
+    finite: bool = True  # False: some value is NaN or ±inf, and no statistic is meaningful
+    # Per-example statistics (None for metrics compared per seed only):
+    pairs: int | None = None  # paired test predictions: seeds × test examples
+    arm_right_fp32_wrong: int | None = None  # discordant pairs in the arm's favour (accuracy only)
+    fp32_right_arm_wrong: int | None = None  # and against it
+    design_effect: float | None = None  # variance inflation for clustered pairs (≥ 1; 1 = independent pairs)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,41 +61,221 @@ def paired_ci(differences: list[float], confidence: float = 0.95,
     std = statistics.stdev(differences)
     t = float(st.t.ppf(0.5 + confidence / 2, df=n - 1))
     half = t * std / math.sqrt(n)
-    low, high = bounds
-    return PairedSummary(n, mean, std, mean - half if low is None else max(mean - half, low),
-                         mean + half if high is None else min(mean + half, high), confidence)
+    return PairedSummary(n, mean, std, *_clip(mean - half, mean + half, bounds), confidence)
+
+
+def _clip(low: float, high: float, bounds: tuple[float | None, float | None]) -> tuple[float, float]:
+    lo, hi = bounds
+    return (low if lo is None else max(low, lo)), (high if hi is None else min(high, hi))
+
+
+@dataclass(frozen=True)
+class ClusterVariances:
+    """Variance estimates of the grand mean of an S × N table of paired differences (seeds × test examples).
+
+    iid: every cell independent; seed / example: cluster-robust with the seeds / the examples as clusters (a
+    test example that flips in every seed is one piece of evidence, not S); two_way: both at once (Cameron,
+    Gelbach & Miller 2011: seed + example − iid). Each cluster sum carries the usual G / (G − 1) correction.
+    """
+
+    iid: float
+    seed: float
+    example: float
+    two_way: float
+
+    @property
+    def largest(self) -> float:
+        return max(self.iid, self.seed, self.example, self.two_way)
+
+    @property
+    def design_effect(self) -> float:
+        """How many times the independent-pairs variance the largest estimate is; never below 1."""
+        return max(1.0, self.largest / self.iid) if self.iid > 0 else 1.0
+
+
+def cluster_variances(d) -> ClusterVariances:
+    """``ClusterVariances`` of the mean of ``d`` (array-like, seeds × examples)."""
+    import numpy as np
+
+    d = np.asarray(d, dtype=np.float64)
+    s, n_ex = d.shape
+    n = d.size
+    e = d - d.mean()
+    ss = float((e**2).sum())
+    iid = ss / (n * (n - 1)) if n > 1 else 0.0
+    seed = s / (s - 1) * float((e.sum(axis=1) ** 2).sum()) / n**2 if s > 1 else iid
+    example = n_ex / (n_ex - 1) * float((e.sum(axis=0) ** 2).sum()) / n**2 if n_ex > 1 else iid
+    return ClusterVariances(iid, seed, example, seed + example - iid)
+
+
+def tango_statistic(delta: float, b: float, c: float, n: float) -> float:
+    """Tango's (1998) score statistic for H0: p_b − p_c = delta in a paired 2×2 table with n pairs, b discordant
+    pairs one way and c the other (non-integer counts allowed: effective counts). At delta = 0 it is McNemar's
+    (b − c) / √(b + c)."""
+    a_, b_ = 2 * n, -b - c + (2 * n - b + c) * delta
+    c_ = -c * delta * (1 - delta)
+    p_c = (-b_ + math.sqrt(max(b_ * b_ - 4 * a_ * c_, 0.0))) / (2 * a_)  # restricted MLE of p_c under H0
+    var = n * (2 * p_c + delta * (1 - delta))
+    num = b - c - n * delta
+    if var <= 0:
+        return math.copysign(math.inf, num) if num else 0.0
+    return num / math.sqrt(var)
+
+
+def tango_interval(b: float, c: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
+    """Tango's score interval for p_b − p_c (the paired difference of two proportions): every delta whose score
+    statistic is within ±z. Unlike a Wald interval it keeps its width when b and c are small or zero (b = c = 0
+    gives ±z² / (n + z²)), which is the usual case here: 16-bit arms rarely flip a prediction."""
+    from scipy import optimize
+    from scipy import stats as st
+
+    z = float(st.norm.ppf(0.5 + confidence / 2))
+    est = (b - c) / n
+    eps = 1e-12
+    # The statistic falls monotonically in delta; it is 0 at the estimate.
+    low = -1.0 if est <= -1 + eps else optimize.brentq(
+        lambda x: tango_statistic(x, b, c, n) - z, -1 + eps, est, xtol=1e-12)
+    high = 1.0 if est >= 1 - eps else optimize.brentq(
+        lambda x: tango_statistic(x, b, c, n) + z, est, 1 - eps, xtol=1e-12)
+    return low, high
+
+
+def paired_accuracy(arm_correct, ref_correct, confidence: float = 0.95, finite: bool = True) -> PairedSummary:
+    """Δaccuracy (arm − fp32) from per-example outcomes: boolean arrays, seeds × test examples, same examples in
+    the same order. The interval is the hull of Tango's score interval on the pooled discordant counts (deflated
+    by the design effect) and the Student-t interval over the per-seed differences; ``finite=False`` (an arm's
+    logits were not finite) gives no interval and an ``invalid`` verdict."""
+    import numpy as np
+
+    d = np.asarray(arm_correct, dtype=np.int8) - np.asarray(ref_correct, dtype=np.int8)
+    s, n_ex = d.shape
+    n = d.size
+    b, c = int((d == 1).sum()), int((d == -1).sum())
+    per_seed = paired_ci([float(x) for x in d.mean(axis=1)], confidence, (-1, 1))
+    extra = {"pairs": n, "arm_right_fp32_wrong": b, "fp32_right_arm_wrong": c}
+    if not finite:
+        return PairedSummary(s, math.nan, math.nan, None, None, confidence, finite=False, **extra)
+    deff = cluster_variances(d).design_effect
+    low, high = tango_interval(b / deff, c / deff, n / deff, confidence)
+    if per_seed.ci_low is not None:
+        low, high = min(low, per_seed.ci_low), max(high, per_seed.ci_high)
+    return PairedSummary(s, (b - c) / n, per_seed.std, low, high, confidence, design_effect=deff, **extra)
+
+
+def paired_mean(d, confidence: float = 0.95, bounds: tuple[float | None, float | None] = (None, None)
+                ) -> PairedSummary:
+    """Mean paired difference of a per-example quantity (e.g. the cross-entropy, arm − fp32; seeds × examples):
+    the hull of a t interval (df = examples − 1) on the largest cluster-robust variance and the Student-t
+    interval over the per-seed means."""
+    import numpy as np
+    from scipy import stats as st
+
+    d = np.asarray(d, dtype=np.float64)
+    s, n_ex = d.shape
+    if not np.isfinite(d).all():
+        return PairedSummary(s, math.nan, math.nan, None, None, confidence, finite=False, pairs=d.size)
+    per_seed = paired_ci([float(x) for x in d.mean(axis=1)], confidence, bounds)
+    v = cluster_variances(d)
+    mean = float(d.mean())
+    half = float(st.t.ppf(0.5 + confidence / 2, df=max(n_ex - 1, 1))) * math.sqrt(v.largest)
+    low, high = _clip(mean - half, mean + half, bounds)
+    if per_seed.ci_low is not None:
+        low, high = min(low, per_seed.ci_low), max(high, per_seed.ci_high)
+    return PairedSummary(s, mean, per_seed.std, low, high, confidence, pairs=d.size, design_effect=v.design_effect)
 
 
 def verdict(s: PairedSummary, margin: float, higher_is_better: bool = True, unit: str = "",
-            scale: float = 1.0) -> tuple[str, str]:
+            scale: float = 1.0, digits: int = 2) -> tuple[str, str]:
     """(verdict, reason) for paired differences ``s`` against an equivalence margin (same units as s).
 
-    ``scale`` and ``unit`` only format the reason (e.g. scale=100, unit=" pp" for accuracy fractions).
+    ``scale``, ``unit`` and ``digits`` only format the reason (e.g. scale=100, unit=" pp" for accuracy fractions).
     """
 
     def f(x: float) -> str:
-        return f"{x * scale:+.2f}{unit}"
+        return f"{x * scale:+.{digits}f}{unit}"
 
-    m = f"±{margin * scale:.2f}{unit}"
+    m = f"±{margin * scale:.{digits}f}{unit}"
     if not s.finite:
-        return "invalid", "a seed's value is not finite (NaN or inf), so there is no difference to judge"
+        return "invalid", "a value is not finite (NaN or inf), so there is no difference to judge"
     if s.ci_low is None:
         return "inconclusive", (f"1 seed gives no confidence interval (difference {f(s.mean)}); "
                                 "add seeds to train.seeds for a verdict")
     lo, hi = s.ci_low, s.ci_high
     level = f"{100 * s.confidence:g}%"
     ci = f"CI [{f(lo)}, {f(hi)}]"
+    caveat = "; with 1 seed, seed-to-seed variation is not in the interval" if s.n == 1 else ""
     if -margin <= lo and hi <= margin:  # the margin's ends count as inside
-        return "equivalent", f"the {level} {ci} lies inside the margin {m}"
+        return "equivalent", f"the {level} {ci} lies inside the margin {m}{caveat}"
     below, above = hi < -margin, lo > margin
     if below or above:
         good = above if higher_is_better else below
-        return ("better" if good else "worse"), f"the {level} {ci} lies wholly outside the margin {m}"
+        return ("better" if good else "worse"), f"the {level} {ci} lies wholly outside the margin {m}{caveat}"
     half = (hi - lo) / 2
     if half > margin:
-        return "inconclusive", (f"{s.n} seeds are too few to separate a {abs(s.mean) * scale:.2f}{unit} effect "
-                                f"from ±{margin * scale:.2f}{unit}; the CI is ±{half * scale:.2f}{unit} ({ci})")
-    return "inconclusive", f"the {level} {ci} straddles the margin {m}"
+        more = "seeds (train.seeds) or test examples" if s.pairs else "seeds (train.seeds)"
+        return "inconclusive", (f"the {level} {ci} is ±{half * scale:.{digits}f}{unit} wide, more than the margin "
+                                f"{m}: too little evidence to separate a {abs(s.mean) * scale:.{digits}f}{unit} "
+                                "effect from "
+                                f"the margin; more {more} narrow it{caveat}")
+    return "inconclusive", f"the {level} {ci} straddles the margin {m}{caveat}"
+
+
+def differs_from_zero(s: PairedSummary) -> bool:
+    """True when the interval excludes 0: a difference this sample detects, whatever the margin says."""
+    return s.finite and s.ci_low is not None and (s.ci_low > 0 or s.ci_high < 0)
+
+
+@dataclass(frozen=True)
+class SeedNoise:
+    """fp32's own seed-to-seed variation: how much the test metrics move when only the seed changes."""
+
+    accuracy_sd: float | None  # sample std over seeds of fp32's test accuracy (fraction); None with one seed
+    loss_sd: float | None  # the same for the test loss, nats
+    disagreement: float | None  # mean share of test predictions on which two fp32 seeds differ
+    test_examples: int
+
+    @property
+    def accuracy_floor(self) -> float | None:
+        """The accuracy noise floor: the sd, but at least one test example (accuracy cannot resolve less)."""
+        return None if self.accuracy_sd is None else max(self.accuracy_sd, 1 / self.test_examples)
+
+
+@dataclass(frozen=True)
+class Margins:
+    """The equivalence margins in use (accuracy as a fraction, loss in nats) and how each was set."""
+
+    accuracy: float
+    loss: float
+    accuracy_rule: str  # "set" | "auto"
+    loss_rule: str
+
+
+def resolve_margins(accuracy_pp: float | str, loss: float | str, noise: SeedNoise) -> Margins:
+    """Numbers stay as they are; ``auto`` becomes fp32's seed-to-seed sd (accuracy: at least one test example).
+
+    The rule: a precision effect smaller than what changing the seed alone does to fp32 makes no practical
+    difference, so fp32's seed sd is the largest effect still called equivalent.
+    """
+    if "auto" in (accuracy_pp, loss) and noise.accuracy_sd is None:
+        raise ValueError("margin auto needs fp32's seed-to-seed variation: train at least 2 seeds")
+    acc = noise.accuracy_floor if accuracy_pp == "auto" else float(accuracy_pp) / 100
+    los = noise.loss_sd if loss == "auto" else float(loss)
+    return Margins(acc, los, "auto" if accuracy_pp == "auto" else "set", "auto" if loss == "auto" else "set")
+
+
+def against_noise(s: PairedSummary, floor: float | None, unit: str = "", scale: float = 1.0,
+                  digits: int = 2) -> tuple[str, str]:
+    """(label, text): is the paired difference ``s`` distinguishable from fp32's seed noise ``floor``?
+
+    within: the whole interval lies inside ±floor (the precision changes less than the seed does); beyond: wholly
+    outside (a real precision effect); not separable: neither; unknown: one seed or a non-finite value.
+    """
+    if floor is None or not s.finite or s.ci_low is None:
+        return "unknown", "fp32's seed-to-seed variation needs at least 2 seeds"
+    v, _ = verdict(s, floor)
+    label = {"equivalent": "within", "better": "beyond", "worse": "beyond"}.get(v, "not separable")
+    words = {"within": "smaller than", "beyond": "larger than", "not separable": "not distinguishable from"}[label]
+    return label, f"{words} fp32's own seed-to-seed variation (±{floor * scale:.{digits}f}{unit})"
 
 
 def expected_calibration_error(probs, labels, bins: int = 15) -> float:

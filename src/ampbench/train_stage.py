@@ -204,6 +204,7 @@ def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dic
         "samples_per_s": statistics.median(s["train_samples_per_s"] for s in ok) if ok else None,
         "peak_memory_mb": max(s["peak_memory_mb"] for s in ok) if ok else None,
         "skipped_steps": sum(s["skipped_steps_total"] for s in ok),
+        "optimizer_steps": sum(s.get("optimizer_steps_total", 0) for s in ok),
     }
 
 
@@ -281,7 +282,8 @@ def _seed_record(job: SeedJob, records: list[EpochRecord], run_id: str, checkpoi
     record = {"run_id": run_id, "diverged": None, "checkpoint": checkpoint_name,
               "train_samples_per_s": throughput(records), "timing_windows": sum(len(r.windows) for r in records),
               **peak_memory_mb(job.device), "train_seconds": sum(seconds),
-              "skipped_steps_total": sum(r.skipped_steps for r in records), "final": records[-1].row(),
+              "skipped_steps_total": sum(r.skipped_steps for r in records),
+              "optimizer_steps_total": sum(r.optimizer_steps for r in records), "final": records[-1].row(),
               "model_uri": None}
     if job.params.train.compile and len(records) > 1:  # the first epoch pays for compilation; estimate it apart
         record["compile_seconds_estimate"] = max(seconds[0] - statistics.median(seconds[1:]), 0.0)

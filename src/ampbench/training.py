@@ -66,6 +66,7 @@ class EpochRecord:
     epoch_seconds: float
     loss_scale: float  # at the end of the epoch; 1.0 without a scaler
     skipped_steps: int  # optimizer steps the scaler skipped this epoch
+    optimizer_steps: int  # optimizer steps attempted this epoch (skipped ones included)
     lr: float  # after this epoch's scheduler step
     grads: dict[str, float]  # gradient range shares and mean norm over sampled steps (telemetry.GradProbe)
     steps: list[dict[str, float]] = field(default_factory=list)  # sampled steps: step, loss, skips, scale
@@ -251,8 +252,8 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             val_loss=F.cross_entropy(val_logits, val.y).item(),
             val_accuracy=(val_logits.argmax(dim=1) == val.y).float().mean().item(),
             samples_per_s=sums.seen / seconds, epoch_seconds=seconds, loss_scale=health.loss_scale,
-            skipped_steps=skipped, lr=state.optimizer.param_groups[0]["lr"], grads=grads, steps=sums.sampled,
-            layers=layers, windows=timer.take()))
+            skipped_steps=skipped, optimizer_steps=sums.steps, lr=state.optimizer.param_groups[0]["lr"], grads=grads,
+            steps=sums.sampled, layers=layers, windows=timer.take()))
         if on_epoch is not None:
             on_epoch(records[-1], state)
     return records
