@@ -60,7 +60,11 @@ def test_precision_names_come_from_the_arm_registry():
         ({"train": {"cudnn_benchmark": True}}, "train.cudnn_benchmark: picks kernels by timing"),
         ({"train": {"grad_scaler": {"backoff_factor": 2}}}, "train.grad_scaler.backoff_factor:"),
         ({"train": {"nproc_per_node": 3, "batch_size": 64}}, "train.batch_size: 64 does not split evenly"),
-        ({"evaluate": {"margin": {"accuracy_pp": -1}}}, "evaluate.margin.accuracy_pp:"),
+        ({"evaluate": {"margin": {"accuracy_pp": -1}}}, "evaluate.margin.accuracy_pp: Input should be greater than "
+                                                         "or equal to 0, or Input should be 'auto' (got -1)"),
+        ({"evaluate": {"margin": {"loss": "sometimes"}}}, "evaluate.margin.loss:"),
+        ({"train": {"seeds": [0]}, "evaluate": {"margin": {"accuracy_pp": "auto"}}},
+         "evaluate.margin.accuracy_pp: auto derives the margin from fp32's seed-to-seed variation"),
     ],
 )
 def test_bad_params_name_the_key(raw, expected):
@@ -76,6 +80,8 @@ def test_strings_from_dvc_overrides_are_cast():
     p = validate({"train": {"lr": "1e-3", "epochs": "2"}})
     assert p.train.lr == pytest.approx(1e-3)
     assert p.train.epochs == 2
+    margin = validate({"evaluate": {"margin": {"accuracy_pp": "auto", "loss": "0.05"}}}).evaluate.margin
+    assert (margin.accuracy_pp, margin.loss) == ("auto", 0.05)
 
 
 def test_missing_and_broken_files(tmp_path):
