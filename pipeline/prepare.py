@@ -1,6 +1,6 @@
 """DVC stage `prepare`: load the configured data set, split and normalise it, write data/prepared/.
 
-Run: python pipeline/prepare.py [--params params.yaml] [--raw data/raw] [--out data/prepared]
+Run: python pipeline/prepare.py [--params params.yaml] [--raw DIR] [--out data/prepared]
 """
 
 from __future__ import annotations
@@ -9,24 +9,27 @@ from pathlib import Path
 
 import click
 
-from _common import debug_option, folder_option, layout, params_option, stage
+from _common import CHECKOUT, debug_option, folder_option, layout, params_option, stage
 
 
 @click.command()
 @params_option
-@folder_option("--raw", "raw_dir", str(layout.RAW), "Folder holding raw downloads (mnist, fashion_mnist, cifar10).")
+@click.option("--raw", "raw_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder with the raw data; overrides prepare.raw_dir (default: prepare.raw_dir).")
 @folder_option("--out", "out_dir", str(layout.PREPARED), "Folder to write the prepared tensors and meta.json into.")
 @debug_option
 @stage
 def main(params, raw_dir: Path, out_dir: Path) -> None:
     """Prepare the data set named by prepare.dataset."""
     from ampbench.data import prepare, save_prepared
+    from ampbench.datasets import require_tracked_dataset
 
-    data = prepare(params.prepare, raw_dir)
+    require_tracked_dataset(params.prepare, CHECKOUT)
+    data = prepare(params.prepare, raw_dir or Path(params.prepare.raw_dir))
     save_prepared(data, out_dir)
     m = data.meta
-    click.echo(f"prepared {m['dataset']}: input {tuple(m['input_shape'])}, {len(m['classes'])} classes, "
-               f"splits {m['sizes']} → {out_dir}")
+    click.echo(f"prepared {m['dataset']} from {m['source']}: input {tuple(m['input_shape'])} "
+               f"{m['stored_dtype']}, {len(m['classes'])} classes, splits {m['sizes']} → {out_dir}")
 
 
 if __name__ == "__main__":

@@ -135,11 +135,11 @@ def _env_case_setup(name: str, tmp: Path, prepared: Path, params: dict):
         return "train", {}, data, "does not match meta.json"
     if name == "mnist-missing":
         params["prepare"]["dataset"] = "mnist"
-        return "prepare", {}, data, "data files not found"
+        return "prepare", {}, data, "(or .gz) not found in"
     if name == "cifar-download-fails":
         params["prepare"].update({"dataset": "cifar10", "download": True})
         # No network here: the download fails; the message says so and where to put the files.
-        return "prepare", {}, data, "the download failed"
+        return "prepare", {}, data, "the download into"
     if name == "mlflow-uri-malformed":
         return "train", {"MLFLOW_TRACKING_URI": "nonsense://x"}, data, "not one MLflow can use"
     if name == "mlflow-uri-unreachable":

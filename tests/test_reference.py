@@ -33,14 +33,14 @@ def _train(arm, data):
 @pytest.fixture(scope="module")
 def fp32_ref(digits):
     model, policy = _train("fp32", digits)
-    return predict(model, digits.test.x, policy, 512)
+    return predict(model, digits.test, policy, 512)
 
 
 @pytest.mark.parametrize("arm", ["bf16", "fp16"])
 def test_16bit_training_matches_fp32(digits, fp32_ref, arm):
     model, policy = _train(arm, digits)
-    own = predict(model, digits.test.x, policy, 512)
-    f32 = predict(model, digits.test.x, resolve_policy("fp32", CPU), 512)
+    own = predict(model, digits.test, policy, 512)
+    f32 = predict(model, digits.test, resolve_policy("fp32", CPU), 512)
     m = arm_seed_metrics(own, f32, fp32_ref, digits.test.y)
     ref_acc = (fp32_ref.argmax(1) == digits.test.y).float().mean().item()
     assert ref_acc > 0.85, "the fp32 reference itself must have learned the task"

@@ -21,6 +21,10 @@ READ_NOT_DEPENDED_ON = {
     "train.precisions": "train",
     # Draws the progress bar.
     "train.progress": "train",
+    # Choose how batches reach the device; both paths give the same batches, bit for bit (test_loader), so the
+    # weights do not depend on them.
+    "train.data_on_device": "train",
+    "train.loader_workers": "train",
 }
 
 

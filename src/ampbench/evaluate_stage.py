@@ -149,9 +149,9 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
         for seed in tp.seeds:
             model = _load_arm_model(arm_files.checkpoint(seed), device)
             policy.apply_backend_flags()
-            own = predict(policy.prepare_model(model), test.x, policy, params.evaluate.batch_size)
+            own = predict(policy.prepare_model(model), test, policy, params.evaluate.batch_size)
             strict.apply_backend_flags()
-            f32 = predict(model.float(), test.x, strict, params.evaluate.batch_size)
+            f32 = predict(model.float(), test, strict, params.evaluate.batch_size)
             if arm == BASELINE:
                 ref[seed] = own
             per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test.y, params.evaluate.calibration_bins)

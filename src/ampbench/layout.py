@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-RAW = Path("data/raw")  # downloads and user-placed raw data (git-ignored)
+RAW = Path("data/raw")  # the default prepare.raw_dir: downloads and user-placed raw data (git-ignored but README.md)
 PREPARED = Path("data/prepared")  # the prepare stage's output
 MODELS = Path("models")  # one folder per arm: the train stages' outputs
 RESUME = Path(".resume")  # per-epoch checkpoints of unfinished arms: outside models/, which DVC empties

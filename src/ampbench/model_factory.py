@@ -17,8 +17,6 @@ that does not fit the data fails with one line (``ModelError``); it returns what
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,9 +24,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ampbench import user_code
 from ampbench.errors import AmpbenchError
 from ampbench.models import build_builtin
 from ampbench.params import model_kind
+from ampbench.user_code import first_line, import_callable, source_file
 
 CPU = torch.device("cpu")
 
@@ -64,49 +64,20 @@ class ModelSpec:
 
 def factory_source(name: str) -> Path | None:
     """The file that defines the factory ``package.module:callable`` (None if it has none, e.g. a C extension)."""
-    module = name.partition(":")[0]
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError) as exc:  # a parent package that cannot be imported
-        raise ModelError(f"train.model {name!r}: cannot import {module} ({type(exc).__name__}: {exc})") from None
-    if spec is None:
-        raise ModelError(f"train.model {name!r}: no module named {module!r} (importable from the project root)")
-    return Path(spec.origin).resolve() if spec.origin and spec.has_location else None
+    return source_file(name, "train.model", ModelError)
 
 
 def require_tracked(spec: ModelSpec, model_code: str, root: Path) -> None:
     """A factory's code must lie in ``train.model_code`` (a path relative to the project ``root``, as in dvc.yaml,
     where it is a dependency of the train stages), so that editing it reruns them; ParamsError naming the value to
     set otherwise. Nothing to check for the built-ins and torchvision models."""
-    from ampbench.errors import ParamsError
-
-    if spec.kind != "factory":
-        return
-    source = factory_source(spec.name)
-    code = (root / model_code).resolve()
-    if source is None or source == code or code in source.parents:
-        return
-    try:
-        shown = source.relative_to(root.resolve())
-    except ValueError:
-        shown = source
-    raise ParamsError(f"train.model_code: {model_code} does not hold {source.name}, which defines {spec.name}; "
-                      f"set train.model_code: {shown} so that changing it reruns the train stages")
+    if spec.kind == "factory":
+        user_code.require_tracked(spec.name, model_code, root, "train.model", "train.model_code", "the train stages",
+                                  ModelError)
 
 
 def _factory(name: str) -> Callable[..., Any]:
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module can raise anything while importing
-        raise ModelError(f"train.model {name!r}: cannot import {module_name} ({type(exc).__name__}: "
-                         f"{_first_line(exc)})") from None
-    if not hasattr(module, attr):
-        raise ModelError(f"train.model {name!r}: {module_name} has no attribute {attr!r}")
-    fn = getattr(module, attr)
-    if not callable(fn):
-        raise ModelError(f"train.model {name!r}: {module_name}.{attr} is a {type(fn).__name__}, not a callable")
-    return fn
+    return import_callable(name, "train.model", ModelError)
 
 
 def _adapt_first_conv(model: nn.Module, name: str, channels: int) -> None:
@@ -142,15 +113,10 @@ def build(spec: ModelSpec, input_shape: tuple[int, int, int], num_classes: int) 
         raise
     except Exception as exc:  # any constructor's error: one line naming the model
         raise ModelError(f"train.model {spec.name!r} for input {shape}, {num_classes} classes: building it failed "
-                         f"({type(exc).__name__}: {_first_line(exc)})") from None
+                         f"({type(exc).__name__}: {first_line(exc)})") from None
     if not isinstance(model, nn.Module):
         raise ModelError(f"train.model {spec.name!r} returned a {type(model).__name__}, not a torch.nn.Module")
     return model
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @torch.no_grad()
@@ -164,7 +130,7 @@ def _dry_forward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, num_classes
         except Exception as exc:  # e.g. an input too small for the architecture
             hint = "; train.model_args passes the builder's options" if spec.kind == "torchvision" else ""
             raise ModelError(f"{where}: the forward pass failed in {mode} mode ({type(exc).__name__}: "
-                             f"{_first_line(exc)}){hint}") from None
+                             f"{first_line(exc)}){hint}") from None
         if not isinstance(out, torch.Tensor):
             raise ModelError(f"{where}: returns a {type(out).__name__} in {mode} mode; a logits tensor is needed "
                              "(an auxiliary-output model such as googlenet or inception_v3 needs "
@@ -184,7 +150,7 @@ def _dry_backward(spec: ModelSpec, model: nn.Module, x: torch.Tensor) -> None:
         hint = ("; set train.deterministic: false to train this model on this device"
                 if "deterministic" in str(exc) else "")
         raise ModelError(f"train.model {spec.name!r} on input {tuple(x.shape[1:])}: the backward pass failed "
-                         f"({type(exc).__name__}: {_first_line(exc)}){hint}") from None
+                         f"({type(exc).__name__}: {first_line(exc)}){hint}") from None
     model.zero_grad(set_to_none=True)
 
 

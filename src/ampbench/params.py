@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from ampbench.arms import ABLATIONS, BASELINE, MAIN, NAMES
 from ampbench.errors import ParamsError
 
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "synthetic")
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "imagefolder", "synthetic")  # or package.module:callable
 MODELS = ("small_cnn", "resnet18", "mlp", "vit_tiny")  # the built-ins; see model_kind for the other forms
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "cosine")
@@ -39,6 +39,16 @@ def model_kind(name: str) -> str:
     if _FACTORY.match(name):
         return "factory"
     raise ValueError(f"{name!r} is none of: {' | '.join(MODELS)} | torchvision.<name> | package.module:callable")
+
+
+def dataset_kind(name: str) -> str:
+    """The form of ``prepare.dataset``: builtin (one of DATASETS) or factory (package.module:callable);
+    ValueError for anything else."""
+    if name in DATASETS:
+        return "builtin"
+    if _FACTORY.match(name):
+        return "factory"
+    raise ValueError(f"{name!r} is none of: {' | '.join(DATASETS)} | package.module:callable")
 
 
 def _unknown_torchvision_name(name: str) -> str | None:
@@ -103,9 +113,23 @@ class SyntheticParams(_Section):
 class PrepareParams(_Section):
     __pydantic_config__ = _FORBID_EXTRA
 
-    dataset: Annotated[Literal[DATASETS], knob(
-        "digits (ships with scikit-learn) | mnist | fashion_mnist | cifar10 | synthetic")] = "digits"
-    download: Annotated[bool, knob("torchvision sets: fetch into data/raw when missing (needs network)")] = False
+    dataset: Annotated[str, knob(
+        "digits (ships with scikit-learn) | mnist | fashion_mnist | cifar10 (the publishers' files in raw_dir) | "
+        "imagefolder (class folders in raw_dir) | synthetic | package.module:callable (your Datasets; README: bring "
+        "your own data)")] = "digits"
+    raw_dir: Annotated[str, knob(
+        "where raw data is read from, a dependency of prepare: the idx files / CIFAR tarball, or imagefolder's "
+        "class folders (e.g. /usr/share/datasets/fashion-mnist from Debian's dataset-fashion-mnist)",
+        min_length=1)] = "data/raw"
+    image_size: Annotated[int | None, knob(
+        "imagefolder and your Datasets: resize every image to this square size, pixels (null: keep; all images "
+        "must then be one size)", ge=4, le=4096)] = None
+    dataset_args: Annotated[dict[str, Any], knob("keyword arguments for your dataset factory")] = field(
+        default_factory=dict)
+    dataset_code: Annotated[str, knob(
+        "the file or folder with your dataset factory's code, a dependency of prepare (default: the built-in "
+        "readers)", min_length=1)] = "src/ampbench/datasets.py"
+    download: Annotated[bool, knob("torchvision sets: fetch into raw_dir when missing (needs network)")] = False
     seed: Annotated[int, knob("seeds the train/val/test split", ge=0)] = 0
     val_fraction: Annotated[float, knob("share of the data held out for validation", gt=0, lt=0.5)] = 0.15
     test_fraction: Annotated[float, knob("share held out for testing; ignored for data sets with an official "
@@ -173,6 +197,14 @@ class TrainParams(_Section):
     scheduler: Annotated[Literal[SCHEDULERS], knob("constant | cosine (per epoch, to zero)")] = "cosine"
     epochs: Annotated[int, knob("passes over the training split", ge=1)] = 8
     batch_size: Annotated[int, knob("samples per optimizer step (the global batch under DDP)", ge=1)] = 64
+    augment: Annotated[Literal["none", "crop_flip"], knob(
+        "none | crop_flip (zero-pad 4, random crop, horizontal flip: the CIFAR recipe; the same augmented batches "
+        "for every arm of a seed)")] = "none"
+    data_on_device: Annotated[bool | Literal["auto"], knob(
+        "auto | true | false: keep the training split on the device (fast indexing) or stream it through a "
+        "DataLoader; auto keeps it when it takes at most a quarter of the free device memory", stages=())] = "auto"
+    loader_workers: Annotated[int, knob("DataLoader worker processes when streaming", ge=0, le=64,
+                                        stages=())] = 2
     deterministic: Annotated[bool, knob("seed everything, deterministic kernels, cuDNN autotuning off")] = True
     progress: Annotated[bool, knob("tqdm bar per epoch (on a terminal)", stages=())] = True
     nproc_per_node: Annotated[int, knob("> 1: DDP through torchrun (gloo on CPU, NCCL on CUDA)", ge=1,
@@ -239,6 +271,10 @@ def _cross_checks(p: Params) -> list[tuple[str, str]]:
     """(key, reason) for combinations of values that are each valid alone but not together."""
     tp = p.train
     problems = []
+    try:
+        dataset_kind(p.prepare.dataset)
+    except ValueError as exc:
+        problems.append(("prepare.dataset", str(exc)))
     try:
         kind = model_kind(tp.model)
     except ValueError as exc:

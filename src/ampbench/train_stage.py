@@ -20,12 +20,13 @@ import torch
 
 from ampbench import checkpoint, distributed, resume, tracking
 from ampbench.console import log
-from ampbench.data import Prepared, Split, load_prepared
+from ampbench.data import Prepared, load_prepared
 from ampbench.determinism import seed_everything, set_deterministic
 from ampbench.errors import ArmUnavailable
 from ampbench.fileio import atomic_write_json
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.layout import ArmFiles
+from ampbench.loader import keep_on_device
 from ampbench.model_factory import ModelSpec, build, inspect_model
 from ampbench.monitor import Diverged
 from ampbench.params import Params
@@ -129,7 +130,8 @@ class ArmOutputs:
         if job.params.mlflow.log_model:
             cpu_model = copy.deepcopy(model).float().cpu().eval()  # the plain model: no DDP/compile wrappers
             with cudnn_legacy_flags_readable():
-                record["model_uri"] = tracking.log_model(cpu_model, job.data.test.x[:2].numpy(), _requirements())
+                example = job.data.test.inputs(job.data.test.x[:2]).numpy()  # model inputs, not stored pixels
+                record["model_uri"] = tracking.log_model(cpu_model, example, _requirements())
 
     def finished(self, summary: dict[str, Any], histories: dict[str, list[dict]]) -> None:
         """The arm is complete: history.json and summary.json; nothing left to resume."""
@@ -184,7 +186,7 @@ def check_model(params: Params, data: Prepared, device: torch.device) -> dict[st
     training's determinism settings: ModelError (one line) before any work. Returns the model's identity."""
     tp = params.train
     set_deterministic(tp.deterministic, tp.cudnn_benchmark)
-    return inspect_model(ModelSpec.from_train(tp), data.train.x[:2], data.num_classes, device)
+    return inspect_model(ModelSpec.from_train(tp), data.train.inputs(data.train.x[:2]), data.num_classes, device)
 
 
 def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dict]) -> dict[str, Any]:
@@ -205,6 +207,8 @@ def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dic
         "peak_memory_mb": max(s["peak_memory_mb"] for s in ok) if ok else None,
         "skipped_steps": sum(s["skipped_steps_total"] for s in ok),
         "optimizer_steps": sum(s.get("optimizer_steps_total", 0) for s in ok),
+        "input_path": ok[0].get("input_path") if ok else None,
+        "input_wait_share": statistics.median(s.get("input_wait_share", 0.0) for s in ok) if ok else None,
     }
 
 
@@ -216,7 +220,8 @@ def _build(job: SeedJob) -> tuple[torch.nn.Module, TrainState, LoopConfig]:
     job.policy.apply_backend_flags()
     model = build(ModelSpec.from_train(tp), job.data.input_shape, job.data.num_classes).to(job.device)
     model = job.policy.prepare_model(model.to(memory_format=_memory_format(job)))
-    cfg = LoopConfig(train=tp, seed=job.seed)
+    on_device = keep_on_device(tp.data_on_device, job.data.train, job.device)
+    cfg = LoopConfig(train=tp, seed=job.seed, on_device=on_device)
     return model, init_state(model, job.policy, cfg, job.device), cfg
 
 
@@ -255,10 +260,8 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
             if fresh:
                 out.dataset(job, data_dir)
             reset_peak_memory(job.device)
-            train, val = (Split(s.x.to(job.device, memory_format=_memory_format(job)), s.y.to(job.device))
-                          for s in (job.data.train, job.data.val))
-            fit(state, train, val, job.policy, cfg, on_epoch=on_epoch, world=job.world)
-            record = _seed_record(job, progress.records, run_id, out.files.checkpoint(job.seed).name)
+            fit(state, job.data.train, job.data.val, job.policy, cfg, on_epoch=on_epoch, world=job.world)
+            record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name)
             paths = out.seed_files(job, checkpoint.state_dict(state), progress.records)
             out.seed_artifacts(job, paths, record, model)
     except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
@@ -276,14 +279,18 @@ def _memory_format(job: SeedJob) -> torch.memory_format:
     return torch.channels_last if job.params.train.channels_last else torch.contiguous_format
 
 
-def _seed_record(job: SeedJob, records: list[EpochRecord], run_id: str, checkpoint_name: str) -> dict[str, Any]:
+def _seed_record(job: SeedJob, cfg: LoopConfig, records: list[EpochRecord], run_id: str,
+                 checkpoint_name: str) -> dict[str, Any]:
     """The seed's line in summary.json: run id, throughput, memory, time, skips, final metrics."""
     seconds = [r.epoch_seconds for r in records]
     record = {"run_id": run_id, "diverged": None, "checkpoint": checkpoint_name,
               "train_samples_per_s": throughput(records), "timing_windows": sum(len(r.windows) for r in records),
               **peak_memory_mb(job.device), "train_seconds": sum(seconds),
               "skipped_steps_total": sum(r.skipped_steps for r in records),
-              "optimizer_steps_total": sum(r.optimizer_steps for r in records), "final": records[-1].row(),
+              "optimizer_steps_total": sum(r.optimizer_steps for r in records),
+              "input_path": "device tensors" if cfg.on_device else "streaming DataLoader",
+              "input_wait_share": sum(r.input_wait_seconds for r in records) / max(sum(seconds), 1e-9),
+              "final": records[-1].row(),
               "model_uri": None}
     if job.params.train.compile and len(records) > 1:  # the first epoch pays for compilation; estimate it apart
         record["compile_seconds_estimate"] = max(seconds[0] - statistics.median(seconds[1:]), 0.0)

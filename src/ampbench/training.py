@@ -3,8 +3,9 @@
 The step is exactly the seed's: forward and loss inside ``policy.autocast()``; ``scaler.scale(loss).backward()``;
 ``scaler.step(optimizer)``; ``scaler.update()``. For arms without a scaler the scaler is disabled and passes
 through, so the loop has one code path for every precision. Its settings are the validated ``train`` params,
-passed whole (``LoopConfig.train``). Data stays on the device as tensors and is batched by indexing; running sums
-stay on the device and are read once per epoch (no per-step host sync). Side concerns live in ``monitor.py``.
+passed whole (``LoopConfig.train``). Batches come from ``loader.InputPipeline`` (device-resident tensors or a
+streaming DataLoader, the same batches either way); running sums stay on the device and are read once per epoch
+(no per-step host sync). Side concerns live in ``monitor.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 from ampbench import distributed
 from ampbench.data import Split
 from ampbench.distributed import SINGLE, World
+from ampbench.loader import InputPipeline, keep_on_device
 from ampbench.models import unwrap
 from ampbench.monitor import Progress, ScalerHealth, WindowTimer, sync_guard
 from ampbench.params import TrainParams
@@ -38,6 +40,7 @@ class LoopConfig:
     warmup_steps: int = 5  # steps excluded from throughput timing (allocator, autotuning, caches)
     timing_window: int = 10  # steps per throughput window; each window boundary syncs with the device once
     sync_debug: bool = False  # CUDA: raise if a steady-state step (not a sampled one) syncs with the host
+    on_device: bool | None = None  # the input path, decided by the caller; None: train.data_on_device decides
 
 
 @dataclass
@@ -67,6 +70,7 @@ class EpochRecord:
     loss_scale: float  # at the end of the epoch; 1.0 without a scaler
     skipped_steps: int  # optimizer steps the scaler skipped this epoch
     optimizer_steps: int  # optimizer steps attempted this epoch (skipped ones included)
+    input_wait_seconds: float  # time the loop waited for its next batch (host side): large = input-bound
     lr: float  # after this epoch's scheduler step
     grads: dict[str, float]  # gradient range shares and mean norm over sampled steps (telemetry.GradProbe)
     steps: list[dict[str, float]] = field(default_factory=list)  # sampled steps: step, loss, skips, scale
@@ -153,26 +157,23 @@ def train_step(model, optimizer, scaler, policy: PrecisionPolicy, x: torch.Tenso
 
 
 @torch.no_grad()
-def predict(model: nn.Module, x: torch.Tensor, policy: PrecisionPolicy, batch_size: int) -> torch.Tensor:
-    """Logits for ``x`` in the policy's precision, returned as float32 (N, classes) on x's device."""
+def predict(model: nn.Module, data: torch.Tensor | Split, policy: PrecisionPolicy, batch_size: int) -> torch.Tensor:
+    """Logits in the policy's precision, float32 (N, classes), for model inputs ``data`` (on the model's device)
+    or a ``Split`` (stored values, normalised a batch at a time on the model's device, which holds the logits)."""
     was_training = model.training
     model.eval()
+    split = data if isinstance(data, Split) else None
+    x = data.x if split else data
+    device = next(unwrap(model).parameters()).device
     outs = []
     for start in range(0, len(x), batch_size):
+        chunk = x[start:start + batch_size]
+        if split is not None:
+            chunk = split.inputs(chunk.to(device, non_blocking=True))
         with policy.autocast():
-            outs.append(model(policy.cast_input(x[start:start + batch_size])).float())
+            outs.append(model(policy.cast_input(chunk)).float())
     model.train(was_training)
     return torch.cat(outs)
-
-
-def _batches(n: int, batch_size: int, generator: torch.Generator, device: torch.device, ranks: int = 1):
-    """Shuffled global index batches (the same on every rank: one generator, one seed). A trailing batch of one
-    sample is dropped (BatchNorm cannot train on it), and with several ranks one that does not split evenly."""
-    perm = torch.randperm(n, generator=generator).to(device)
-    for start in range(0, n, batch_size):
-        idx = perm[start:start + batch_size]
-        if len(idx) > 1 and len(idx) % ranks == 0:
-            yield idx
 
 
 class _EpochSums:
@@ -205,12 +206,18 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
     epoch and return the records. A resumed run passes a state restored from a checkpoint (``state.epoch`` > 0)
     and continues exactly where it stopped.
 
-    ``train`` and ``val`` must already be on the model's device. With several ranks (``world``), every rank
-    walks the same global batches and trains on its slice; ``state.model`` is DDP-wrapped; sums are all-reduced
-    and samples/s counts the global batch.
+    ``train`` and ``val`` hold stored values (on any device); ``train.data_on_device`` decides whether the training
+    split moves to the model's device or streams. With several ranks (``world``), every rank walks the same global
+    batches and trains on its slice; ``state.model`` is DDP-wrapped; sums are all-reduced and samples/s counts the
+    global batch.
     """
-    tp, model, device = cfg.train, state.model, train.x.device
-    train_x = policy.cast_input(train.x)  # once, not per step (a no-op unless a *_pure ablation)
+    tp, model = cfg.train, state.model
+    device = next(unwrap(model).parameters()).device
+    on_device = cfg.on_device if cfg.on_device is not None else keep_on_device(tp.data_on_device, train, device)
+    inputs = InputPipeline(train, device, on_device=on_device,
+                           batch_size=tp.batch_size, augment=tp.augment, seed=cfg.seed, cast=policy.cast_input,
+                           memory_format=torch.channels_last if tp.channels_last else torch.contiguous_format,
+                           workers=tp.loader_workers, world=world)
     probe = GradProbe(unwrap(model), device)
     health = ScalerHealth(policy.name, state.scaler, tp.divergence, device)
     timer = WindowTimer(device, cfg.timing_window, cfg.warmup_steps, steps_done=state.step)
@@ -221,18 +228,16 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         sums = _EpochSums(device)
         progress = Progress(tp.progress, len(train), f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{tp.epochs}")
         timer.start()
-        for idx in _batches(len(train), tp.batch_size, state.generator, device, world.size):
+        for batch in inputs.epoch(state.generator, state.step):
             sample = sums.steps % tp.telemetry_every == 0  # this step feeds telemetry and the divergence check
             with sync_guard(cfg.sync_debug and not sample and device.type == "cuda"):
-                mine = distributed.shard(idx, world)  # this rank's slice of the global batch
-                x, y = train_x[mine], train.y[mine]
                 with health.watch():
-                    loss, logits = train_step(model, state.optimizer, state.scaler, policy, x, y, tp,
+                    loss, logits = train_step(model, state.optimizer, state.scaler, policy, batch.x, batch.y, tp,
                                               probe if sample else None)
-                sums.add(loss, logits, y, len(idx))
+                sums.add(loss, logits, batch.y, batch.size)
             state.step += 1
-            timer.tick(len(idx))
-            progress.step(len(idx), loss)
+            timer.tick(batch.size)
+            progress.step(batch.size, loss)
             if sample:
                 health.check(sums.loss, f"epoch {epoch + 1}, step {sums.steps}")
                 sums.sampled.append({"step": state.step, "loss": loss.item(), "loss_scale": health.loss_scale,
@@ -245,14 +250,16 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         state.epoch = epoch + 1
         health.check(sums.loss, f"epoch {epoch + 1}, step {sums.steps}")
         train_loss, train_accuracy = sums.reduce(world)
-        val_logits = predict(model, val.x, policy, cfg.eval_batch_size)
+        val_logits = predict(model, val, policy, cfg.eval_batch_size)
+        val_y = val.y.to(device)
         grads, layers = probe.epoch_summary()
         records.append(EpochRecord(
             epoch=state.epoch, train_loss=train_loss, train_accuracy=train_accuracy,
-            val_loss=F.cross_entropy(val_logits, val.y).item(),
-            val_accuracy=(val_logits.argmax(dim=1) == val.y).float().mean().item(),
+            val_loss=F.cross_entropy(val_logits, val_y).item(),
+            val_accuracy=(val_logits.argmax(dim=1) == val_y).float().mean().item(),
             samples_per_s=sums.seen / seconds, epoch_seconds=seconds, loss_scale=health.loss_scale,
-            skipped_steps=skipped, optimizer_steps=sums.steps, lr=state.optimizer.param_groups[0]["lr"], grads=grads,
+            skipped_steps=skipped, optimizer_steps=sums.steps, input_wait_seconds=inputs.wait_seconds,
+            lr=state.optimizer.param_groups[0]["lr"], grads=grads,
             steps=sums.sampled, layers=layers, windows=timer.take()))
         if on_epoch is not None:
             on_epoch(records[-1], state)

@@ -1,0 +1,66 @@
+"""The user's own code named in params as ``package.module:callable`` (a model or a data set factory): import it
+with one-line errors, and check that the file defining it is a DVC dependency of the stage that calls it.
+
+Imported from the project root (the stages put it on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any, Callable
+
+from ampbench.errors import AmpbenchError, ParamsError
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def source_file(name: str, key: str, error: type[AmpbenchError]) -> Path | None:
+    """The file that defines ``package.module:callable`` (None if it has none, e.g. a C extension); ``key`` (the
+    params key, e.g. "train.model") and ``error`` only shape the message."""
+    module = name.partition(":")[0]
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:  # a parent package that cannot be imported
+        raise error(f"{key} {name!r}: cannot import {module} ({type(exc).__name__}: {exc})") from None
+    if spec is None:
+        raise error(f"{key} {name!r}: no module named {module!r} (importable from the project root)")
+    return Path(spec.origin).resolve() if spec.origin and spec.has_location else None
+
+
+def import_callable(name: str, key: str, error: type[AmpbenchError]) -> Callable[..., Any]:
+    """The callable ``package.module:callable``; ``error`` with one line naming ``key`` when it cannot be had."""
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module can raise anything while importing
+        raise error(f"{key} {name!r}: cannot import {module_name} ({type(exc).__name__}: {first_line(exc)})"
+                    ) from None
+    if not hasattr(module, attr):
+        raise error(f"{key} {name!r}: {module_name} has no attribute {attr!r}")
+    fn = getattr(module, attr)
+    if not callable(fn):
+        raise error(f"{key} {name!r}: {module_name}.{attr} is a {type(fn).__name__}, not a callable")
+    return fn
+
+
+def require_tracked(name: str, code: str, root: Path, key: str, code_key: str, stages: str,
+                    error: type[AmpbenchError]) -> None:
+    """The file defining ``name`` must lie in ``code`` (the ``code_key`` param: a path relative to the project
+    ``root``, as in dvc.yaml, where it is a dependency of ``stages``), so that editing it reruns them; ParamsError
+    naming the value to set otherwise."""
+    source = source_file(name, key, error)
+    path = (root / code).resolve()
+    if source is None or source == path or path in source.parents:
+        return
+    try:
+        shown = source.relative_to(root.resolve())
+    except ValueError:
+        shown = source
+    raise ParamsError(f"{code_key}: {code} does not hold {source.name}, which defines {name}; "
+                      f"set {code_key}: {shown} so that changing it reruns {stages}")
