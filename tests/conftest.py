@@ -47,8 +47,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-PROJECT_FILES = ["pipeline", "src", "examples", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
-                 ".dvc/.gitignore", ".dvc/plots"]
+PROJECT_FILES = ["pipeline", "src", "examples", "data/raw/README.md", "dvc.yaml", ".dvcignore", ".gitignore",
+                 ".dvc/config", ".dvc/.gitignore", ".dvc/plots"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

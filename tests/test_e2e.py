@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -154,3 +155,45 @@ def test_dvc_remote_round_trip(tmp_path, tiny_params):
     assert "Data and pipelines are up to date" in _dvc("status", repo=clone, env=env)
     out = _dvc("repro", repo=clone, env=env)
     assert "Running stage" not in out and "Data and pipelines are up to date" in out
+
+
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.skipif(not FASHION.is_dir() and not os.environ.get("AMPBENCH_REQUIRE_FASHION_MNIST"),
+                    reason="Debian's dataset-fashion-mnist is not installed (CI installs it)")
+def test_real_fashion_mnist_from_debians_files(tmp_path, tiny_params, write_params, mlflow_store):
+    """prepare → train (fp32, fp16, bf16; one seed, one short epoch, streamed) → evaluate on real Fashion-MNIST,
+    read straight from the package's .gz files."""
+    from click.testing import CliRunner
+
+    from ampbench.data import load_prepared
+    from test_cli import _stage, _train
+
+    params = tiny_params
+    # Capped for CI's time: 2,000 training images, 1,200 for validation, 2,000 for the test (fp16 on a CPU is slow).
+    params["prepare"] = {"dataset": "fashion_mnist", "raw_dir": str(FASHION), "max_train": 2000, "max_test": 2000,
+                         "val_fraction": 0.02}
+    params["train"].update({"precisions": ["fp32", "fp16", "bf16"], "seeds": [0], "epochs": 1, "batch_size": 100,
+                            "lr": 0.01, "data_on_device": False, "loader_workers": 2})
+    params["mlflow"]["log_model"] = False
+    path = str(write_params(params))
+    data, models, reports = tmp_path / "prepared", tmp_path / "models", tmp_path / "reports"
+    r = CliRunner().invoke(_stage("prepare"), ["--params", path, "--out", str(data)])
+    assert r.exit_code == 0, r.output
+    prepared = load_prepared(data)
+    assert prepared.meta["sizes"] == {"train": 2000, "val": 1200, "test": 2000}
+    assert prepared.meta["classes"][9] == "Ankle boot"
+    for arm in params["train"]["precisions"]:
+        r = _train(arm, path, data, models)
+        assert r.exit_code == 0, r.output + str(r.exception)
+        summary = json.loads((models / arm / "summary.json").read_text())
+        assert summary["input_path"] == "streaming DataLoader" and summary["optimizer_steps"] == 20
+    r = CliRunner().invoke(_stage("evaluate"), ["--params", path, "--data", str(data), "--models", str(models),
+                                                "--reports", str(reports)])
+    assert r.exit_code == 0, r.output + str(r.exception)
+    comparison = json.loads((reports / "comparison.json").read_text())
+    assert comparison["fp32"]["test_accuracy"] > 0.4  # 20 steps on 2,000 images: 4× chance (0.1); 0.54 seen
+    for arm in ("fp16", "bf16"):
+        assert comparison[arm]["paired_examples"] == 2000 and comparison[arm]["verdict"] != "invalid"
+    assert "waiting for batches" in (reports / "report.md").read_text()

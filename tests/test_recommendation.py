@@ -57,3 +57,10 @@ def test_on_cpu_slow_arms_mean_stay_on_fp32_and_the_line_says_a_gpu_differs():
 def test_a_gain_within_timing_noise_is_not_called_faster(speed):
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"), "bf16": row(speed=speed)}
     assert recommendation(merged, GPU)[0].startswith("**Recommendation: stay on fp32.**")
+
+
+def test_an_input_bound_run_is_named_in_the_recommendation():
+    merged = {"fp32": row(verdict="baseline", loss_verdict="baseline", input_wait_share=0.45),
+              "bf16": row(speed=1.2, input_wait_share=0.6), "fp16": row(speed=1.3, input_wait_share=0.05)}
+    line, _ = recommendation(merged, GPU)
+    assert "Input-bound (fp32, bf16): the speed ratios show the input pipeline more than the precision." in line

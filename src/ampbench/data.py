@@ -360,6 +360,10 @@ def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
     raw_splits = _split(raw, p)
     if p.max_train is not None:
         raw_splits["train"] = tuple(t[: p.max_train] for t in raw_splits["train"])
+    if p.max_test is not None and p.max_test < len(raw_splits["test"][1]):
+        keep = torch.randperm(len(raw_splits["test"][1]), generator=torch.Generator().manual_seed(p.seed))
+        keep = keep[: p.max_test].sort().values  # a seeded subset, in the data set's order
+        raw_splits["test"] = tuple(t[keep] for t in raw_splits["test"])
     x_train = raw_splits["train"][0]
     shapes = {name: tuple(xs.shape[1:]) for name, (xs, _) in raw_splits.items()}
     if len(set(shapes.values())) != 1:

@@ -160,7 +160,8 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
         reports.append(ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed,
                                  histories={int(k): v for k, v in histories.items()},
                                  train={k: s.get(k) for k in ("samples_per_s", "peak_memory_mb", "skipped_steps",
-                                                              "optimizer_steps", "policy")},
+                                                              "optimizer_steps", "input_path", "input_wait_share",
+                                                              "policy")},
                                  ablation=s.get("ablation", False)))
     ev = params.evaluate
     noise = seed_noise(ref, test.y)
@@ -266,6 +267,7 @@ def _tables(reports, noise: SeedNoise, margins: Margins) -> tuple[dict[str, Any]
             "speedup_vs_fp32": _ratio(t["samples_per_s"], base.train["samples_per_s"]),
             "peak_memory_mb": round(t["peak_memory_mb"], 1),
             "memory_vs_fp32": _ratio(t["peak_memory_mb"], base.train["peak_memory_mb"]),
+            "input_wait_share": _round(t.get("input_wait_share"), 4),
         }
         if tf32 is not None:
             timing["speedup_vs_tf32"] = _ratio(t["samples_per_s"], tf32.train["samples_per_s"])

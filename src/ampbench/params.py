@@ -135,6 +135,9 @@ class PrepareParams(_Section):
     test_fraction: Annotated[float, knob("share held out for testing; ignored for data sets with an official "
                                          "test split", gt=0, lt=0.5)] = 0.15
     max_train: Annotated[int | None, knob("cap on training samples (null: all)", ge=10)] = None
+    max_test: Annotated[int | None, knob(
+        "cap on test samples, a seeded random subset (null: all); fewer test samples widen the verdicts' "
+        "intervals", ge=10)] = None
     synthetic: Annotated[SyntheticParams, knob("used when dataset: synthetic")] = field(
         default_factory=SyntheticParams)
 

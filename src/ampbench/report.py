@@ -19,6 +19,7 @@ PLOT_EXTRA_KEYS = ("grad_underflow_frac", "scaled_grad_underflow_frac", "grad_ze
 
 HEALTHY_SKIP_SHARE = 0.02  # a scaler that skips more optimizer steps than this is fighting overflow, not settling
 MIN_SPEEDUP = 1.05  # smaller throughput gains are within timing noise and are not called faster
+INPUT_BOUND_SHARE = 0.2  # an arm that waits for batches this share of its training time is input-bound
 
 
 @dataclass
@@ -83,6 +84,11 @@ def _why_not(arm: str, c: dict[str, Any]) -> str | None:
     return f"{arm}: {' and '.join(why)}" if why else None
 
 
+def input_bound(merged: dict[str, dict]) -> list[str]:
+    """The arms that waited for their next batch at least INPUT_BOUND_SHARE of their training time."""
+    return [a for a, c in merged.items() if (c.get("input_wait_share") or 0) >= INPUT_BOUND_SHARE]
+
+
 def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[str, str]:
     """(one line, code): the fastest arm whose accuracy and loss verdicts are both equivalent, whose scaler stayed
     healthy and which is measurably faster than fp32, with its speed and memory gain and the code that adopts it;
@@ -99,6 +105,10 @@ def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[st
             fit.append(arm)
     cpu = (" Measured on a CPU: mixed-precision speed on a GPU is a different story; rerun there before "
            "deciding." if context.get("device_type") == "cpu" else "")
+    bound = input_bound(merged)
+    if bound:
+        cpu += (f" Input-bound ({', '.join(bound)}): the speed ratios show the input pipeline more than the "
+                "precision.")
     if fit:
         best = max(fit, key=lambda a: merged[a]["samples_per_s"])
         c = merged[best]
@@ -183,12 +193,21 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
         if a.ran and a.arm != BASELINE:
             lines.append(f"- **{a.arm}**: {a.stats['verdict']}: {a.stats['verdict_reason']}. "
                          f"Loss: {a.stats['loss_verdict']}: {a.stats['loss_verdict_reason']}.")
-    lines += ["", "Throughput (median over timing windows after warm-up) and peak memory:", ""]
+    lines += ["", "Throughput (median over timing windows after warm-up), peak memory, and the share of training "
+              "time spent waiting for the next batch:", ""]
     for a in arms:
         if a.ran:
             c = comparison[a.arm]
-            lines.append(f"- **{a.arm}**: {c['samples_per_s']:,.0f} samples/s, "
-                         f"peak memory {c['peak_memory_mb']:,.0f} MB")
+            wait = c.get("input_wait_share")
+            path = a.train.get("input_path")
+            lines.append(f"- **{a.arm}**: {c['samples_per_s']:,.0f} samples/s, peak memory "
+                         f"{c['peak_memory_mb']:,.0f} MB" + (f", input {path}" if path else "")
+                         + (f", waiting for batches {100 * wait:.1f}% of the time" if wait is not None else ""))
+    for arm in input_bound(comparison):
+        share = comparison[arm]["input_wait_share"]
+        lines.append(f"- **{arm} is input-bound**: it waited for batches {100 * share:.0f}% of its training time, so "
+                     "its speed shows the input pipeline, not its precision. More "
+                     "train.loader_workers, train.data_on_device: true (if it fits) or a larger batch help.")
     lines += ["", "What ran per arm (read back from torch):", ""]
     for a in arms:
         if a.ran:
