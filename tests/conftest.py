@@ -89,6 +89,31 @@ def make_project_repo(repo: Path, params: dict) -> tuple[Path, dict]:
     return repo, env
 
 
+TORCH_ONLY = ("mlflow", "dvc", "pydantic", "click", "tqdm", "yaml", "sklearn", "matplotlib", "scipy", "pytest")
+# The lent GPU machine has torch, torchvision, numpy, scipy, matplotlib, click, pyyaml, tqdm, psutil and pytest.
+GPU_MACHINE_LACKS = ("mlflow", "dvc", "pydantic", "sklearn", "ruamel")
+
+
+def gpu_box_env(tmp_path: Path, blocked: tuple[str, ...] = TORCH_ONLY) -> dict[str, str]:
+    """Environment of a simulated GPU box without the ``blocked`` packages (default: torch and torchvision only).
+    Importing a blocked package fails as if it were absent; a mere probe (torch probes optional packages with
+    importlib.util.find_spec) still succeeds, so only real imports are caught."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.abc, importlib.machinery, sys\n"
+        f"BLOCKED = {set(blocked)!r}\n"
+        "class _Absent(importlib.abc.Loader):\n"
+        "    def create_module(self, spec):\n"
+        "        return None\n"
+        "    def exec_module(self, module):\n"
+        "        raise ImportError(f'{module.__name__} is not installed on this (simulated) GPU box')\n"
+        "class _Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in BLOCKED:\n"
+        "            return importlib.machinery.ModuleSpec(name, _Absent())\n"
+        "sys.meta_path.insert(0, _Block())\n")
+    return {"PYTHONPATH": f"{tmp_path}:{ROOT / 'src'}", "PATH": "/usr/bin:/bin"}
+
+
 @pytest.fixture
 def tiny_params() -> dict:
     """A deep copy of the tiny params (1 epoch, 1 seed, 240 digits, CPU)."""

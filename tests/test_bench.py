@@ -56,28 +56,65 @@ def test_bench_needs_only_torch_and_torchvision(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from conftest import gpu_box_env
 
-    blocker = tmp_path / "sitecustomize.py"
-    # Importing a blocked package fails as if it were absent; a mere probe (torch probes optional packages
-    # with importlib.util.find_spec) still succeeds, so only real imports are caught.
-    blocker.write_text(
-        "import importlib.abc, importlib.machinery, sys\n"
-        "BLOCKED = {'mlflow', 'dvc', 'pydantic', 'click', 'tqdm', 'yaml', 'sklearn', 'matplotlib', 'scipy',\n"
-        "           'pytest'}\n"
-        "class _Absent(importlib.abc.Loader):\n"
-        "    def create_module(self, spec):\n"
-        "        return None\n"
-        "    def exec_module(self, module):\n"
-        "        raise ImportError(f'{module.__name__} is not installed on this (simulated) GPU box')\n"
-        "class _Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in BLOCKED:\n"
-        "            return importlib.machinery.ModuleSpec(name, _Absent())\n"
-        "sys.meta_path.insert(0, _Block())\n")
-    env = {"PYTHONPATH": f"{tmp_path}:{ROOT / 'src'}", "PATH": "/usr/bin:/bin"}
+    env = gpu_box_env(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "ampbench.bench", *TINY, "--device", "cpu",
                            "--json", str(tmp_path / "b.json")], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads((tmp_path / "b.json").read_text())
     assert r["logging"]["backend"] == "json lines (mlflow not installed)"
+
+
+def test_each_arms_memory_is_measured_with_only_its_own_state_alive(monkeypatch):
+    """Throughput rounds interleave every arm (all alive); the memory pass then builds, measures and frees one arm
+    at a time, so no other arm's model, gradients or optimizer state is in its peak."""
+    import gc
+    import weakref
+
+    from ampbench import benchloop
+
+    live = weakref.WeakSet()
+    alive_at_reset = []
+    init, reset = benchloop._PipelineArm.__init__, benchloop.reset_peak_memory
+
+    def tracked_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        live.add(self)
+
+    def counting_reset(device):
+        gc.collect()
+        alive_at_reset.append(len(live))
+        reset(device)
+
+    monkeypatch.setattr(benchloop._PipelineArm, "__init__", tracked_init)
+    monkeypatch.setattr(benchloop, "reset_peak_memory", counting_reset)
+    cfg = BenchConfig(device="cpu", steps=4, rounds=2, window=2, warmup_steps=1, batch_size=16, image_size=8,
+                      width=4, arms=["fp32", "bf16", "fp16"], overhead_arms=["fp32"], mlflow=False)
+    result = run(cfg)
+    assert max(alive_at_reset) == 3  # the interleaved throughput rounds: every arm alive
+    assert alive_at_reset[-3:] == [1, 1, 1]  # the memory pass: one arm at a time
+    assert all(result["arms"][a]["peak_memory_mb"] > 0 for a in cfg.arms)
+
+
+def test_the_gpu_check_dry_run_on_cpu(tmp_path):
+    """scripts/gpu_check.sh --device cpu: the GPU check's exact commands at tiny sizes, on the pinned torch and a
+    simulated GPU machine (its packages only), so the script cannot rot between GPU slots."""
+    import subprocess
+    import sys
+
+    from conftest import GPU_MACHINE_LACKS, ROOT, gpu_box_env
+
+    out = tmp_path / "out"
+    env = {**gpu_box_env(tmp_path, GPU_MACHINE_LACKS), "OUT": str(out), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu"], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "sync-debug: skipped (CUDA only)" in proc.stdout
+    r = json.loads((out / "gpu_bench.json").read_text())
+    assert set(r["arms"]) == {"fp32", "tf32", "fp16", "bf16"} and "skipped" in r["arms"]["tf32"]
+    assert all(r["arms"][a]["samples_per_s"] > 0 and r["arms"][a]["peak_memory_mb"] > 0 for a in ("fp16", "bf16"))
+    assert set(r["loop_overhead"]) == {"fp32", "tf32", "fp16", "bf16"}
+    assert (out / "versions.txt").read_text().startswith("torch ")
+    pytest_log = (out / "gpu_pytest.txt").read_text()  # collected on the simulated machine; all skip without CUDA
+    assert " skipped" in pytest_log and "error" not in pytest_log.lower()

@@ -6,6 +6,7 @@ import it (no cycle), and logs to MLflow only through ``tracking``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import statistics
 import tempfile
@@ -162,8 +163,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                          "goal": LOGGING_GOAL, "meets_goal": share is not None and share <= LOGGING_GOAL}
     result["arms"] = _arm_ratios(cfg, device, train, val)
     if device.type == "cpu":
-        result["memory_note"] = ("CPU: peak RSS is per process and cannot be attributed to one arm in an "
-                                 "interleaved run; memory ratios are given on CUDA only")
+        result["memory_note"] = ("CPU: peak RSS is the process's high-water mark and never goes down, so it "
+                                 "cannot be attributed to one arm; memory ratios are given on CUDA only")
     return result
 
 
@@ -188,6 +189,23 @@ def _loop_overhead(cfg: BenchConfig, device, train: Split, val: Split, log_epoch
     return overhead
 
 
+def isolated_peaks(cfg: BenchConfig, device, train: Split, val: Split, arms: list[str]) -> dict[str, dict]:
+    """Each arm's peak memory with only its own model, gradients and optimizer state alive: build, one round,
+    free, next. (Resetting the peak counter only lowers it to what is allocated now, so measuring with every arm
+    alive would count the others' state too.) The data, the same for every arm, stays."""
+    peaks = {}
+    for arm in arms:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        runner = _PipelineArm(cfg, arm, device, train, val, lambda row, steps: None)
+        runner.round()  # resets the peak counter first
+        peaks[arm] = dict(runner.peak)
+        del runner
+    gc.collect()
+    return peaks
+
+
 def _arm_ratios(cfg: BenchConfig, device, train: Split, val: Split) -> dict[str, Any]:
     """Every arm through the pipeline's loop, interleaved round by round; ratios to the baseline and tf32."""
     arms: dict[str, Any] = {}
@@ -198,10 +216,13 @@ def _arm_ratios(cfg: BenchConfig, device, train: Split, val: Split) -> dict[str,
         except ArmUnavailable as exc:
             arms[arm] = {"skipped": str(exc)}
     for _ in range(cfg.rounds):
-        for runner in runners.values():
-            runner.round()
-    for arm, r in runners.items():
-        arms[arm] = {"samples_per_s": _median(r.windows), **r.peak}
+        for name in runners:  # by name: no loop variable keeps a runner alive after runners.clear()
+            runners[name].round()
+    arms.update({arm: {"samples_per_s": _median(r.windows)} for arm, r in runners.items()})
+    names = list(runners)
+    runners.clear()  # throughput needed every arm alive (interleaved rounds); memory needs each one alone
+    for arm, peak in isolated_peaks(cfg, device, train, val, names).items():
+        arms[arm].update(peak)
     for row in arms.values():
         for ref in (BASELINE, TF32_REFERENCE):
             base = arms.get(ref, {})

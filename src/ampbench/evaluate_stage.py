@@ -117,7 +117,8 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     tp = params.train
     device = resolve_device(tp.device)
     data = load_prepared(data_dir)
-    test = data.test.to(device)
+    test = data.test  # stays where it is (memory-mapped); predict moves it a batch at a time
+    test_y = test.y.to(device)
     strict = resolve_policy(BASELINE, device)  # every arm's weights are also evaluated in strict fp32
 
     summaries = {}
@@ -154,8 +155,8 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             f32 = predict(model.float(), test, strict, params.evaluate.batch_size)
             if arm == BASELINE:
                 ref[seed] = own
-            per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test.y, params.evaluate.calibration_bins)
-            examples[seed] = (*example_outcomes(own, test.y), bool(torch.isfinite(own).all()))
+            per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test_y, params.evaluate.calibration_bins)
+            examples[seed] = (*example_outcomes(own, test_y), bool(torch.isfinite(own).all()))
         outcomes[arm] = Outcomes.stack(examples)
         reports.append(ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed,
                                  histories={int(k): v for k, v in histories.items()},
@@ -164,7 +165,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
                                                               "policy")},
                                  ablation=s.get("ablation", False)))
     ev = params.evaluate
-    noise = seed_noise(ref, test.y)
+    noise = seed_noise(ref, test_y)
     margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
     for r in reports:
         if r.ran:

@@ -149,27 +149,34 @@ class InputPipeline:
     def __len__(self) -> int:
         return len(self.split)
 
-    def _model_input(self, x: torch.Tensor, step: int, size: int) -> torch.Tensor:
-        if self.augment == "crop_flip":
-            offsets, flips = augment_params(self.seed, step, size)
-            offsets = distributed.shard(offsets, self.world).to(self.device, non_blocking=True)
-            flips = distributed.shard(flips, self.world).to(self.device, non_blocking=True)
-            x = crop_flip(x, offsets, flips)
-        return self.cast(self.split.inputs(x)).contiguous(memory_format=self.memory_format)
+    def _augment_params(self, batches: list[torch.Tensor], first_step: int) -> list[tuple[torch.Tensor, ...]]:
+        """This rank's (offsets, flips) per step of the epoch, on the device: drawn per (seed, step), copied to
+        the device once per epoch (a copy from pageable host memory per step would stall the GPU stream)."""
+        drawn = [augment_params(self.seed, first_step + k, len(b)) for k, b in enumerate(batches)]
+        mine = [tuple(distributed.shard(t, self.world) for t in pair) for pair in drawn]
+        sizes = [len(o) for o, _ in mine]
+        offsets = torch.cat([o for o, _ in mine]).to(self.device).split(sizes)
+        flips = torch.cat([f for _, f in mine]).to(self.device).split(sizes)
+        return list(zip(offsets, flips, strict=True))
 
     def epoch(self, generator: torch.Generator, first_step: int) -> Iterator[Batch]:
         """This epoch's batches; ``first_step`` is the run's step count before it (seeds the augmentation)."""
         batches = index_batches(len(self.split), self.batch_size, generator, self.world.size)
+        mine = [distributed.shard(b, self.world) for b in batches]
+        augment = self._augment_params(batches, first_step) if self.augment == "crop_flip" and batches else None
         self.wait_seconds = 0.0
-        if self.on_device:
-            source = ((self.x[i], self.y[i]) for i in
-                      (distributed.shard(b, self.world).to(self.device, non_blocking=True) for b in batches))
+        if self.on_device:  # the epoch's indices go to the device in one copy, then each batch is a view
+            on_dev = torch.cat(mine).to(self.device).split([len(m) for m in mine]) if mine else []
+            source = ((self.x[i], self.y[i]) for i in on_dev)
         else:
-            self.sampler.batches = [distributed.shard(b, self.world) for b in batches]
+            self.sampler.batches = mine
             source = ((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
                       for x, y in self.loader)
         for k, b in enumerate(batches):
             start = time.perf_counter()
             x, y = next(source)
             self.wait_seconds += time.perf_counter() - start
-            yield Batch(self._model_input(x, first_step + k, len(b)), y, len(b))
+            if augment is not None:
+                x = crop_flip(x, *augment[k])
+            x = self.cast(self.split.inputs(x)).contiguous(memory_format=self.memory_format)
+            yield Batch(x, y, len(b))
