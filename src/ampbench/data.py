@@ -59,10 +59,6 @@ class Norm:
         a, b = _affine(self, x.device)
         return torch.addcmul(b, x.float(), a)  # x·a + b in one pass, float32
 
-    @classmethod
-    def identity(cls, channels: int) -> Norm:
-        return cls(1.0, (0.0,) * channels, (1.0,) * channels)
-
 
 @lru_cache(maxsize=32)
 def _affine(norm: Norm, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,10 +88,6 @@ class Split:
         """Model inputs (float32) of ``x`` (default: the whole split), stored values normalised."""
         x = self.x if x is None else x
         return x if self.norm is None else self.norm(x)
-
-    def normalized(self) -> Split:
-        """The whole split as model inputs (float32 in memory): for small sets and tests."""
-        return Split(self.inputs(), self.y)
 
 
 @dataclass(frozen=True)

@@ -92,8 +92,7 @@ def paired_statistics(per_seed: dict[int, dict[str, float]], arm: Outcomes, ref:
                            for key in bounds}
     finite = arm.finite and ref.finite
     acc = paired_accuracy(arm.correct, ref.correct, confidence, finite)
-    loss = paired_mean(arm.loss - ref.loss, confidence) if finite else paired_mean(
-        np.full(arm.loss.shape, np.nan), confidence)
+    loss = paired_mean(arm.loss - ref.loss, confidence, finite=finite)
     out["delta_accuracy_vs_fp32"], out["delta_loss_vs_fp32"] = acc.to_dict(), loss.to_dict()
     out["verdict"], out["verdict_reason"] = verdict(acc, margins.accuracy, True, " pp", 100)
     out["loss_verdict"], out["loss_verdict_reason"] = verdict(loss, margins.loss, False, " nats", digits=4)

@@ -53,13 +53,6 @@ def index_batches(n: int, batch_size: int, generator: torch.Generator, ranks: in
     return [b for b in batches if len(b) > 1 and len(b) % ranks == 0]
 
 
-def steps_per_epoch(n: int, batch_size: int, ranks: int = 1) -> int:
-    """Optimizer steps one epoch of ``n`` samples makes (what ``index_batches`` keeps)."""
-    full, rest = divmod(n, batch_size)
-    sizes = [batch_size] * full + ([rest] if rest else [])
-    return sum(1 for s in sizes if s > 1 and s % ranks == 0)
-
-
 def available_memory(device: torch.device) -> int:
     """Bytes free for data on ``device``: CUDA's free memory, or the host's available memory."""
     if device.type == "cuda":

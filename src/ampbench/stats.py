@@ -162,17 +162,18 @@ def paired_accuracy(arm_correct, ref_correct, confidence: float = 0.95, finite: 
     return PairedSummary(s, (b - c) / n, per_seed.std, low, high, confidence, design_effect=deff, **extra)
 
 
-def paired_mean(d, confidence: float = 0.95, bounds: tuple[float | None, float | None] = (None, None)
-                ) -> PairedSummary:
+def paired_mean(d, confidence: float = 0.95, bounds: tuple[float | None, float | None] = (None, None),
+                finite: bool = True) -> PairedSummary:
     """Mean paired difference of a per-example quantity (e.g. the cross-entropy, arm − fp32; seeds × examples):
     the hull of a t interval (df = examples − 1) on the largest cluster-robust variance and the Student-t
-    interval over the per-seed means."""
+    interval over the per-seed means. A non-finite value, or ``finite=False`` (the logits behind it were not
+    finite), gives no interval."""
     import numpy as np
     from scipy import stats as st
 
     d = np.asarray(d, dtype=np.float64)
     s, n_ex = d.shape
-    if not np.isfinite(d).all():
+    if not finite or not np.isfinite(d).all():
         return PairedSummary(s, math.nan, math.nan, None, None, confidence, finite=False, pairs=d.size)
     per_seed = paired_ci([float(x) for x in d.mean(axis=1)], confidence, bounds)
     v = cluster_variances(d)
