@@ -92,8 +92,13 @@ def _init_lock(uri: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+# Transient conflicts of several experiments writing at once: SQLite's lock, and a row (e.g. a data set) that
+# another writer inserted between MLflow's "does it exist?" and its insert — on retry MLflow finds it.
+_TRANSIENT = ("locked", "duplicate key value", "UNIQUE constraint failed")
+
+
 def _retry(fn):
-    """Retry a store write that hit SQLite's "database is locked" (several experiments writing at once)."""
+    """Retry a store write that hit a transient conflict with a concurrent writer (``_TRANSIENT``)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -101,7 +106,7 @@ def _retry(fn):
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
-                if "locked" not in str(exc) or attempt == 9:
+                if not any(t in str(exc) for t in _TRANSIENT) or attempt == 9:
                     raise
                 time.sleep(0.05 * 2**attempt)  # 0.05 s … 25 s in total
 
@@ -235,7 +240,7 @@ def log_dataset(meta: dict[str, Any], source_dir: Path) -> None:
         warnings.simplefilter("ignore", UserWarning)
         source = resolve_dataset_source(str(Path(source_dir).resolve()))
     dataset = MetaDataset(source=source, name=meta["dataset"], digest=meta["checksum"][:16])
-    mlflow.log_input(dataset, context="training")
+    _retry(mlflow.log_input)(dataset, context="training")
 
 
 def log_artifacts(paths: list[Path], artifact_path: str | None = None) -> None:
