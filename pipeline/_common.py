@@ -18,9 +18,10 @@ import click
 CHECKOUT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(CHECKOUT / "src"), str(CHECKOUT)]
 
-from ampbench import layout  # noqa: E402  (needs the path above)
+from ampbench import layout, procs  # noqa: E402  (needs the path above)
 from ampbench.errors import AmpbenchError  # noqa: E402
 from ampbench.params import load_params  # noqa: E402
+from ampbench.tracking import mask  # noqa: E402
 
 
 def project_root() -> Path:
@@ -92,18 +93,24 @@ def stage(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, params_path: Path, debug: bool, **kwargs):
+        # SIGTERM (a scheduler, DVC's watch in procs.py) unwinds like Ctrl-C, once: temporary files are removed,
+        # runs closed as KILLED, completed outputs kept; signals after the first are ignored.
+        procs.handle_signals_once()
+        owner = procs.dvc_ancestor()
+        if owner is not None:
+            procs.stop_when_gone(owner, say=lambda msg: click.echo(msg, err=True))
         try:
             return fn(*args, params=load_params(params_path), **kwargs)
         except AmpbenchError as exc:
             if debug:
                 raise
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {mask(str(exc))}", err=True)
             sys.exit(2)
         except OSError as exc:  # unwritable folder, disk full, …: the file and the reason, no traceback
             if debug:
                 raise
             where = f"{exc.filename}: " if exc.filename else ""
-            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            click.echo(f"error: {where}{mask(str(exc.strerror or exc))}", err=True)
             sys.exit(2)
         except KeyboardInterrupt as exc:
             click.echo(f"interrupted ({exc or 'SIGINT'}); completed outputs are kept", err=True)

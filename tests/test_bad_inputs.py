@@ -32,6 +32,7 @@ PARAM_CASES = [
     ("lr-word", "train", {"train.lr": "fast"}, "train.lr: Input should be a valid number"),
     ("epochs-zero", "train", {"train.epochs": 0}, "train.epochs:"),
     ("batch-zero", "train", {"train.batch_size": 0}, "train.batch_size:"),
+    ("batch-one", "train", {"train.batch_size": 1}, "train.batch_size: 1 trains nothing"),
     ("precisions-empty", "train", {"train.precisions": []}, "train.precisions:"),
     ("precision-unknown", "train", {"train.precisions": ["fp32", "fp8"]}, "train.precisions.1:"),
     ("no-baseline", "evaluate", {"train.precisions": ["fp16", "bf16"]}, "must include the fp32 baseline"),
@@ -250,3 +251,33 @@ def test_bad_params_files(tmp_path, prepared, mlflow_store, content, expected):
     before = _files(tmp_path)
     _assert_clean_failure(_invoke("train", _args("train", path, tmp_path, prepared)), expected, before, tmp_path,
                           mlflow_store)
+
+
+def test_a_run_with_no_optimizer_step_fails(tmp_path, prepared, mlflow_store, monkeypatch, tiny_params, write_params):
+    """Issue 14.2's safety net: should an epoch ever yield no batch (the params check refuses the known cases),
+    the seed fails (run FAILED, exit 2) instead of evaluating an untrained model."""
+    import mlflow
+
+    import ampbench.loader
+    import ampbench.train_stage
+
+    monkeypatch.setattr(ampbench.train_stage, "check_steps", lambda *args: None)
+    monkeypatch.setattr(ampbench.loader, "index_batches", lambda *args: [])
+    result = _invoke("train", _args("train", write_params(tiny_params), tmp_path, prepared))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1] == "error: fp32-seed0: training ran no optimizer step; its " \
+                                                     "results would be untrained"
+    mlflow.set_tracking_uri(mlflow_store)
+    [run] = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
+    assert run.info.status == "FAILED"
+    assert not (tmp_path / "out" / "models" / "fp32" / "summary.json").exists()
+
+
+def test_batches_per_epoch_counts_what_the_loader_yields():
+    from ampbench.loader import batches_per_epoch, index_batches
+
+    generator = torch.Generator()
+    for n in range(12):
+        for batch in range(1, 6):
+            for ranks in (1, 2, 3):
+                assert batches_per_epoch(n, batch, ranks) == len(index_batches(n, batch, generator, ranks))

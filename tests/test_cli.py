@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -45,6 +46,81 @@ def test_ampbench_help_and_ui_link(tmp_path, mlflow_store):
     assert "http://127.0.0.1:5123/#/experiments/" in result.output
     assert "workflowType=machine_learning" in result.output
     assert "--host 127.0.0.1" in result.output
+
+
+def test_ui_never_shows_or_passes_a_password_on_a_command_line(tmp_path, monkeypatch):
+    """Issue 14.7: the store URI reaches the server through its environment; what is printed is redacted."""
+    from ampbench import tracking
+    from ampbench.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql://mlflow:s3cret@db.internal:5432/mlflow")
+    monkeypatch.setattr(tracking, "setup", lambda root, name: "7")  # no database here; the command line is the point
+    (tmp_path / "params.yaml").write_text("mlflow: {experiment: uitest}\n")
+    result = CliRunner().invoke(main, ["ui", "--root", str(tmp_path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "s3cret" not in result.output and "--backend-store-uri" not in result.output
+    assert "MLFLOW_BACKEND_STORE_URI=postgresql://mlflow:***@db.internal:5432/mlflow" in result.output
+
+
+def test_ui_errors_are_one_line(tmp_path, mlflow_store):
+    """A busy port, a bad params file, an unreachable store: `error: …`, exit 2, no traceback, no link."""
+    import socket
+
+    from ampbench.cli import main
+
+    (tmp_path / "params.yaml").write_text("mlflow: {experiment: uitest}\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(main, ["ui", "--root", str(tmp_path), "--port", str(port)])
+    assert result.exit_code == 2 and result.stderr.strip() == (f"error: cannot serve on 127.0.0.1:{port} (Address "
+                                                                "already in use); choose another --port")
+    assert "MLflow UI:" not in result.output
+    (tmp_path / "params.yaml").write_text("mlflow: [\n")
+    result = CliRunner().invoke(main, ["ui", "--root", str(tmp_path)])
+    assert result.exit_code == 2 and result.stderr.startswith("error: ") and "not valid YAML" in result.stderr
+    (tmp_path / "params.yaml").write_text("mlflow: {experiment: uitest}\n")
+    result = CliRunner().invoke(main, ["ui", "--root", str(tmp_path)],
+                                env={"MLFLOW_TRACKING_URI": "http://u:pw@127.0.0.1:9/"})
+    assert result.exit_code == 2 and "unreachable" in result.stderr and ":pw@" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_ui_prints_the_link_once_the_server_answers(tmp_path):
+    """The link appears only when /health answers, the server's command line holds no store URI, Ctrl-C stops it."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from conftest import clean_env
+
+    (tmp_path / "params.yaml").write_text("mlflow: {experiment: uitest}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ui = subprocess.Popen([sys.executable, "-m", "ampbench.cli", "ui", "--root", str(tmp_path), "--port", str(port)],
+                          env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in ui.stdout:
+            if line.startswith("MLflow UI:"):
+                break
+        else:
+            pytest.fail(f"no link; exit {ui.wait()}")
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).close()  # answers already
+        children = subprocess.run(["pgrep", "-P", str(ui.pid)], capture_output=True, text=True).stdout.split()
+        assert children
+        for pid in children:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+            assert "mlflow.db" not in cmdline and "backend-store-uri" not in cmdline
+        ui.send_signal(signal.SIGINT)
+        assert ui.wait(timeout=60) == 0
+    finally:
+        if ui.poll() is None:
+            ui.kill()
 
 
 def test_bad_params_one_line_no_traceback_no_outputs(tmp_path, tiny_params, write_params):

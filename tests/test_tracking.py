@@ -76,3 +76,143 @@ def test_a_row_inserted_by_a_concurrent_writer_is_retried_not_fatal():
         return "logged"
 
     assert _retry(log_input)() == "logged" and len(calls) == 2
+
+
+# --- issue 14: artifact locations, credentials, dead runs, broken stores ---------------------------------------
+
+def test_user_stores_get_lasting_artifact_locations(tmp_path, monkeypatch):
+    """Artifacts never land in the folder a stage happens to run in (DVC's temporary copy, a per-clone folder)."""
+    project = tmp_path / "proj"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'shared' / 'team.db'}")
+    assert tracking.store_uris(project)[1] == (tmp_path / "shared" / "mlartifacts").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///rel/team.db")  # relative: to the project, not the cwd
+    assert tracking.store_uris(project) == (f"sqlite:///{project / 'rel' / 'team.db'}",
+                                            (project / "rel" / "mlartifacts").as_uri())
+    monkeypatch.setenv("AMPBENCH_ARTIFACT_LOCATION", "s3://bucket/ampbench")  # the user's choice wins
+    assert tracking.store_uris(project)[1] == "s3://bucket/ampbench"
+    monkeypatch.delenv("AMPBENCH_ARTIFACT_LOCATION")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql://u:pw@db/mlflow")
+    uri, location = tracking.store_uris(project)
+    with pytest.raises(AmpbenchError, match="set AMPBENCH_ARTIFACT_LOCATION") as err:
+        tracking._check_artifact_location(uri, location)
+    assert "pw" not in str(err.value)
+    with pytest.raises(AmpbenchError, match="inside a DVC temporary copy"):
+        tracking._check_existing_location("e", "file:///x/.dvc/tmp/exps/tmpab12/mlruns/1")
+
+
+def test_a_new_experiment_in_a_new_user_store_keeps_artifacts_beside_it(tmp_path, monkeypatch):
+    import mlflow
+
+    (tmp_path / "copy").mkdir()
+    monkeypatch.chdir(tmp_path / "copy")  # the stage runs in a temporary copy; MLflow's default is ./mlruns there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store' / 'new.db'}")
+    exp_id = tracking.setup(tmp_path / "proj", "fresh")
+    assert mlflow.get_experiment(exp_id).artifact_location == (tmp_path / "store" / "mlartifacts").as_uri()
+
+
+def test_passwords_are_masked_everywhere():
+    uri = "postgresql://mlflow:s3cret@db:5432/mlflow"
+    text = f"could not connect to {uri}: password authentication failed (password s3cret)"
+    assert "s3cret" not in tracking.mask(text, uri)
+    assert tracking.mask("nothing to hide", "sqlite:////x.db") == "nothing to hide"
+
+
+def test_credentials_in_a_server_uri_go_into_a_header_not_the_host_lookup(tmp_path):
+    """http://user:password@host: the health check reaches the host and sends Basic auth (it used to look up
+    "user:password@host" and call the server unreachable)."""
+    import base64
+    import http.server
+    import threading
+
+    seen = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tracking.check_uri(f"http://alice:pa55word@127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+    assert seen == [("/health", "Basic " + base64.b64encode(b"alice:pa55word").decode())]
+    with pytest.raises(AmpbenchError, match="unreachable") as err:
+        tracking.check_uri(f"http://alice:pa55word@127.0.0.1:{server.server_port}")  # now down
+    assert "pa55word" not in str(err.value)
+
+
+def test_runs_of_dead_processes_are_closed_and_live_ones_kept(tmp_path, monkeypatch):
+    import subprocess
+
+    import mlflow
+
+    from ampbench import procs
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    exp = tracking.setup(tmp_path, "t")
+    alive = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ids = {}
+    try:
+        for name, pid in (("alive", alive.pid), ("dead", dead.pid), ("me", None)):
+            who = procs.Identity.current() if pid is None else procs.Identity(procs.Identity.current().host, pid,
+                                                                              procs.start_time(pid) or "gone")
+            ids[name] = mlflow.MlflowClient().create_run(exp, tags=who.tags()).info.run_id
+        foreign = mlflow.MlflowClient().create_run(exp, tags={**procs.Identity("elsewhere", dead.pid, "1").tags()})
+        assert tracking.close_dead_runs(exp) == [ids["dead"]]
+        assert mlflow.get_run(ids["dead"]).info.status == "KILLED"
+        assert "died" in mlflow.get_run(ids["dead"]).data.tags["ampbench.ended_by"]
+        assert {mlflow.get_run(i).info.status for i in (ids["alive"], ids["me"], foreign.info.run_id)} == {"RUNNING"}
+    finally:
+        alive.kill()
+        alive.wait()
+    assert tracking.close_dead_runs(exp) == [ids["alive"]]
+
+
+def test_a_store_made_half_way_is_removed_not_left_broken(tmp_path, monkeypatch):
+    """A failure while a new SQLite store is being created (disk full, a signal) removes the partial file: the next
+    attempt creates it afresh instead of failing on "table … already exists"."""
+    import mlflow
+
+    db = tmp_path / "new.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    real = mlflow.get_experiment_by_name
+
+    def full(name):
+        real(name)  # MLflow has created (part of) its tables by now
+        raise OSError(28, "database or disk is full")
+
+    monkeypatch.setattr(mlflow, "get_experiment_by_name", full)
+    with pytest.raises(AmpbenchError, match="disk is full"):
+        tracking.setup(tmp_path, "t")
+    assert not db.exists()
+    monkeypatch.setattr(mlflow, "get_experiment_by_name", real)
+    assert tracking.setup(tmp_path, "t")
+
+
+def test_a_store_failing_while_closing_a_run_leaves_the_original_error(tmp_path, monkeypatch):
+    """The KILLED/FAILED bookkeeping never replaces the error that caused it, and forgets the run in this process
+    (nothing may end it FINISHED later)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    tracking.setup(tmp_path, "t")
+
+    def dead_store(*args, **kwargs):
+        raise mlflow.exceptions.MlflowException("connection refused")
+
+    with pytest.raises(ValueError, match="boom"):
+        with tracking.run("r", {}, {}) as run_id:
+            monkeypatch.setattr(MlflowClient, "set_terminated", dead_store)
+            raise ValueError("boom")
+    assert mlflow.active_run() is None
+    assert mlflow.get_run(run_id).info.status == "RUNNING"  # for the next run's close_dead_runs

@@ -5,6 +5,7 @@ Run: ampbench --help. Heavy imports (torch, mlflow) happen inside commands so --
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -17,29 +18,110 @@ def main() -> None:
     """ampbench: measure mixed precision (fp16, bf16, TF32) against strict fp32, with DVC and MLflow."""
 
 
+def one_line_errors(fn):
+    """Errors a user can cause end a command with one line (``error: …``, password masked) and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from ampbench.errors import AmpbenchError
+        from ampbench.tracking import mask
+
+        try:
+            return fn(*args, **kwargs)
+        except AmpbenchError as exc:
+            message = str(exc)
+        except OSError as exc:
+            message = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
+        click.echo(f"error: {mask(message)}", err=True)
+        raise SystemExit(2)
+
+    return wrapper
+
+
 @main.command()
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
               help="Project root holding mlflow.db and mlartifacts/ (the pipeline's default store).")
 @click.option("--experiment", default=None, help="Experiment to link to  [default: mlflow.experiment in params.yaml]")
-@click.option("--port", type=int, default=5000, show_default=True, help="Port for the UI on 127.0.0.1.")
+@click.option("--port", type=click.IntRange(1, 65535), default=5000, show_default=True,
+              help="Port for the UI on 127.0.0.1.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind. Keep loopback; for remote access use an SSH tunnel, not 0.0.0.0.")
+@click.option("--wait", type=click.FloatRange(1, 600), default=120, show_default=True,
+              help="Seconds to wait for the server to answer before giving up.")
 @click.option("--dry-run", is_flag=True, help="Print the command and link, do not start the server.")
-def ui(root: Path, experiment: str | None, port: int, host: str, dry_run: bool) -> None:
-    """Start the MLflow UI on the pipeline's store and print the link to its training-runs table."""
+@one_line_errors
+def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, dry_run: bool) -> None:
+    """Start the MLflow UI on the pipeline's store; print the link to its training-runs table once it answers.
+
+    The store URI reaches the server through its environment (MLFLOW_BACKEND_STORE_URI), never its command line,
+    which every user of the machine can read with `ps`.
+    """
     from ampbench import tracking
     from ampbench.params import load_params
 
     root = root.resolve()
     name = experiment or load_params(root / "params.yaml").mlflow.experiment
+    if not dry_run:
+        _check_port(host, port)
     uri, _ = tracking.store_uris(root)
     exp_id = tracking.setup(root, name)
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port)]
     # The UI opens experiments in its GenAI view by default; this query opens the runs table instead.
-    click.echo(f"MLflow UI: http://{host}:{port}/#/experiments/{exp_id}/runs?workflowType=machine_learning")
-    click.echo(" ".join(cmd))
-    if not dry_run:
-        os.execv(sys.executable, cmd)
+    link = f"http://{host}:{port}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
+    click.echo(f"MLFLOW_BACKEND_STORE_URI={tracking.redact(uri)} {' '.join(cmd)}")
+    if dry_run:
+        click.echo(f"MLflow UI: {link}")
+        return
+    _serve(cmd, {**os.environ, "MLFLOW_BACKEND_STORE_URI": uri}, host, port, wait, link)
+
+
+def _check_port(host: str, port: int) -> None:
+    import socket
+
+    from ampbench.errors import AmpbenchError
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise AmpbenchError(f"cannot serve on {host}:{port} ({exc.strerror}); choose another --port") from None
+
+
+def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: float, link: str) -> None:
+    """Run the server; print ``link`` once /health answers; stop it on Ctrl-C. One-line errors: the server
+    exiting early, no answer within ``wait`` seconds."""
+    import subprocess
+    import time
+    import urllib.request
+
+    from ampbench.errors import AmpbenchError
+
+    server = subprocess.Popen(cmd, env=env)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            if server.poll() is not None:
+                raise AmpbenchError(f"the MLflow server exited with code {server.returncode} before answering "
+                                    "(its output is above)")
+            try:
+                urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AmpbenchError(f"the MLflow server did not answer on {host}:{port} within {wait:g} s; "
+                                        "stopped it") from None
+                time.sleep(0.5)
+        click.echo(f"MLflow UI: {link}  (Ctrl-C stops it)")
+        server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []}, add_help_option=False)
@@ -56,6 +138,7 @@ def bench(args: tuple[str, ...]) -> None:
 @click.option("--repo", default=".", show_default=True, help="DVC project to read the revisions from.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the comparison as JSON to this file.")
+@one_line_errors
 def compare(revisions: tuple[str, ...], repo: str, json_out: Path | None) -> None:
     """Lay the verdicts of DVC experiments or git revisions side by side.
 
@@ -63,13 +146,9 @@ def compare(revisions: tuple[str, ...], repo: str, json_out: Path | None) -> Non
     """
     import json
 
-    from ampbench.errors import AmpbenchError
     from ampbench.experiments import compare_revisions, markdown
 
-    try:
-        result = compare_revisions(list(revisions), repo)
-    except AmpbenchError as exc:
-        raise click.ClickException(str(exc)) from None
+    result = compare_revisions(list(revisions), repo)
     click.echo(markdown(result))
     if json_out:
         json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -79,16 +158,13 @@ def compare(revisions: tuple[str, ...], repo: str, json_out: Path | None) -> Non
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
               help="Project root holding params.yaml and dvc.yaml.")
 @click.option("--check", is_flag=True, help="Change nothing; exit 1 if either file is out of date.")
+@one_line_errors
 def sync_params(root: Path, check: bool) -> None:
     """Rewrite params.yaml (values kept; keys, order and comments from the schema in src/ampbench/params.py) and
     the `params:` list of every stage in dvc.yaml (the keys each stage reads)."""
-    from ampbench.errors import AmpbenchError
     from ampbench.params_sync import sync
 
-    try:
-        changed = sync(root, write=not check)
-    except AmpbenchError as exc:
-        raise click.ClickException(str(exc)) from None
+    changed = sync(root, write=not check)
     for path in changed:
         click.echo(f"{'out of date' if check else 'rewrote'}: {path}")
     if check and changed:

@@ -23,3 +23,7 @@ class DeviceError(AmpbenchError):
 
 class ResumeRefused(AmpbenchError):
     """A checkpoint cannot be resumed as asked (e.g. it belongs to another precision)."""
+
+
+class StoreError(AmpbenchError):
+    """The MLflow tracking store failed (unreachable, corrupt, full)."""

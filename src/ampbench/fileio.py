@@ -21,6 +21,11 @@ def _atomic(path: Path, write: Callable[[Path], None]) -> None:
     try:
         write(Path(tmp))
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename in (None, tmp):  # a failed write names no file, or the temporary one: name the output
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -53,6 +53,12 @@ def index_batches(n: int, batch_size: int, generator: torch.Generator, ranks: in
     return [b for b in batches if len(b) > 1 and len(b) % ranks == 0]
 
 
+def batches_per_epoch(n: int, batch_size: int, ranks: int = 1) -> int:
+    """How many batches ``index_batches`` yields per epoch (the same drop rules, without shuffling)."""
+    kept = lambda size: size > 1 and size % ranks == 0  # noqa: E731
+    return (n // batch_size) * kept(batch_size) + kept(n % batch_size)
+
+
 def available_memory(device: torch.device) -> int:
     """Bytes free for data on ``device``: CUDA's free memory, or the host's available memory."""
     if device.type == "cuda":

@@ -304,6 +304,9 @@ def _cross_checks(p: Params) -> list[tuple[str, str]]:
     if tp.cudnn_benchmark and tp.deterministic:
         problems.append(("train.cudnn_benchmark", "picks kernels by timing, which is not deterministic: set "
                                                   "train.deterministic: false to use it"))
+    if tp.batch_size < 2:
+        problems.append(("train.batch_size", f"{tp.batch_size} trains nothing: batches of one sample are dropped "
+                                             "(BatchNorm cannot train on them); use at least 2"))
     if tp.batch_size % tp.nproc_per_node:
         problems.append(("train.batch_size", f"{tp.batch_size} does not split evenly over nproc_per_node="
                                              f"{tp.nproc_per_node} processes (it is the global batch)"))

@@ -17,19 +17,34 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
-from ampbench.errors import AmpbenchError
+from ampbench import procs
+from ampbench.errors import AmpbenchError, StoreError
 
 DB_NAME = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
 
 
 def store_uris(project_root: Path) -> tuple[str, str | None]:
-    """(tracking URI, artifact location for new experiments). The artifact location is None for a user URI."""
-    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if env_uri:
-        return env_uri, None
+    """(tracking URI, artifact location for new experiments).
+
+    Artifacts must outlive the folder a stage runs in (DVC's temporary copy of a queued experiment, a clone that
+    is deleted later): ``AMPBENCH_ARTIFACT_LOCATION`` when set; else ``mlartifacts/`` beside a SQLite file (a
+    relative ``sqlite:///name.db`` is taken relative to the project root, not to the temporary copy); None where
+    the store decides itself (an MLflow server, a ``file:`` store). A database server URI without a server in
+    front (``postgresql://…``) needs ``AMPBENCH_ARTIFACT_LOCATION``: ``setup`` says so.
+    """
     root = Path(project_root).resolve()
-    return f"sqlite:///{root / DB_NAME}", (root / ARTIFACTS_DIR).as_uri()
+    chosen = os.environ.get("AMPBENCH_ARTIFACT_LOCATION") or None
+    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not env_uri:
+        return f"sqlite:///{root / DB_NAME}", chosen or (root / ARTIFACTS_DIR).as_uri()
+    if env_uri.startswith("sqlite:///"):
+        db = Path(_sqlite_path(env_uri))
+        if not db.is_absolute():
+            db = root / db
+            env_uri = f"sqlite:///{db}" + (env_uri[env_uri.index("?"):] if "?" in env_uri else "")
+        return env_uri, chosen or (db.parent / ARTIFACTS_DIR).as_uri()
+    return env_uri, chosen
 
 
 def redact(uri: str) -> str:
@@ -39,6 +54,18 @@ def redact(uri: str) -> str:
         return uri
     netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def mask(text: str, uri: str | None = None) -> str:
+    """``text`` (an error message, a log line) with the tracking URI's password replaced by ***."""
+    uri = uri if uri is not None else os.environ.get("MLFLOW_TRACKING_URI", "")
+    try:
+        password = urlsplit(uri).password
+    except ValueError:
+        return text
+    if not password:
+        return text
+    return text.replace(uri, redact(uri)).replace(password, "***")
 
 
 _KNOWN_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
@@ -54,15 +81,30 @@ def check_uri(uri: str) -> None:
         import urllib.request
 
         try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+            urllib.request.urlopen(_health_request(uri), timeout=5).close()
         except Exception as exc:  # URLError, timeout, HTTP errors: one message for all
-            raise AmpbenchError(f"MLflow server {redact(uri)} is unreachable ({exc}); start it (see README, "
-                                "team mode) or unset MLFLOW_TRACKING_URI") from None
+            raise AmpbenchError(f"MLflow server {redact(uri)} is unreachable ({mask(str(exc), uri)}); start it "
+                                "(see README, team mode) or unset MLFLOW_TRACKING_URI") from None
     if scheme == "sqlite":
         db = Path(_sqlite_path(uri))
         folder = db.parent if db.parent.exists() else next(p for p in db.parents if p.exists())
         if not os.access(folder, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
             raise AmpbenchError(f"MLflow store {db} is not writable; fix the permissions or set MLFLOW_TRACKING_URI")
+
+
+def _health_request(uri: str):
+    """GET <server>/health, with ``user:password@`` moved from the host into a Basic auth header (urllib would
+    otherwise look up "user:password@host" as the host name)."""
+    import base64
+    import urllib.request
+
+    parts = urlsplit(uri)
+    netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+    request = urllib.request.Request(urlunsplit(parts._replace(netloc=netloc)).rstrip("/") + "/health")
+    if parts.username is not None:
+        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    return request
 
 
 def _sqlite_path(uri: str) -> str:
@@ -83,11 +125,17 @@ def _init_lock(uri: str) -> Iterator[None]:
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{db}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        new = not db.exists() or db.stat().st_size == 0
         try:
             # WAL lets readers and one writer work at once and is stored in the file: set once, kept.
             with sqlite3.connect(db, timeout=60) as conn:
                 conn.execute("PRAGMA journal_mode=WAL")
             yield
+        except BaseException:
+            if new:  # half-created (disk full, signal): MLflow would fail on it forever ("table … already exists")
+                for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+                    path.unlink(missing_ok=True)
+            raise
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -98,7 +146,8 @@ _TRANSIENT = ("locked", "duplicate key value", "UNIQUE constraint failed")
 
 
 def _retry(fn):
-    """Retry a store write that hit a transient conflict with a concurrent writer (``_TRANSIENT``)."""
+    """Retry a store write that hit a transient conflict with a concurrent writer (``_TRANSIENT``); a store that
+    fails for good raises StoreError (one line, password masked) instead of pages of driver traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -106,15 +155,36 @@ def _retry(fn):
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
-                if not any(t in str(exc) for t in _TRANSIENT) or attempt == 9:
-                    raise
-                time.sleep(0.05 * 2**attempt)  # 0.05 s … 25 s in total
+                if any(t in str(exc) for t in _TRANSIENT) and attempt < 9:
+                    time.sleep(0.05 * 2**attempt)  # 0.05 s … 25 s in total
+                    continue
+                if _from_store(exc):
+                    raise StoreError(_store_message(exc)) from None
+                raise
 
     return wrapper
 
 
+_STORE_MODULES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "psycopg2", "pymysql")
+
+
+def _from_store(exc: BaseException) -> bool:
+    """An error of the tracking store or the way to it (not of our code, not a disk error we report as such)."""
+    return type(exc).__module__.split(".")[0] in _STORE_MODULES
+
+
+def _store_message(exc: BaseException) -> str:
+    import mlflow
+
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    uri = mlflow.get_tracking_uri()
+    return mask(f"MLflow store {redact(uri)}: {first[:300]}", uri)
+
+
 def setup(project_root: Path, experiment: str) -> str:
-    """Point MLflow at the project's store and make sure the experiment exists; returns its id.
+    """Point MLflow at the project's store and make sure the experiment exists; returns its id. Runs that a dead
+    process of this host left RUNNING (kill -9, power loss) are closed as KILLED on the way.
 
     Raises AmpbenchError (one line) for a malformed, unreachable or unwritable store — before training starts.
     """
@@ -124,10 +194,12 @@ def setup(project_root: Path, experiment: str) -> str:
     uri, artifact_location = store_uris(project_root)
     check_uri(uri)
     mlflow.set_tracking_uri(uri)
+    _no_exit_hook()
     try:
         with _init_lock(uri):
             exp = _retry(mlflow.get_experiment_by_name)(experiment)
             if exp is None:
+                _check_artifact_location(uri, artifact_location)
                 try:
                     exp_id = mlflow.create_experiment(experiment, artifact_location=artifact_location)
                 except MlflowException:  # another process (without our lock: another store client) made it
@@ -136,14 +208,64 @@ def setup(project_root: Path, experiment: str) -> str:
                 raise AmpbenchError(f"MLflow experiment {experiment!r} is deleted in {redact(uri)}; restore it "
                                     "(mlflow experiments restore) or choose another mlflow.experiment")
             else:
+                _check_existing_location(experiment, exp.artifact_location)
                 exp_id = exp.experiment_id
         mlflow.set_experiment(experiment_id=exp_id)
+        close_dead_runs(exp_id)
     except AmpbenchError:
         raise
     except Exception as exc:  # MlflowException, SQLAlchemy and OS errors from a broken store
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise AmpbenchError(f"MLflow store {redact(uri)}: {first}") from None
+        raise StoreError(_store_message(exc)) from None
     return exp_id
+
+
+def _check_artifact_location(uri: str, location: str | None) -> None:
+    scheme = urlsplit(uri).scheme.split("+")[0]
+    if location is None and scheme in ("postgresql", "mysql", "mssql"):
+        raise AmpbenchError(f"MLflow store {redact(uri)} is a database without an MLflow server: set "
+                            "AMPBENCH_ARTIFACT_LOCATION to a folder or URI every run can reach (a shared path, "
+                            "s3://…), or put an MLflow server in front (see README, team mode); otherwise artifacts "
+                            "would land in the folder this stage happens to run in")
+
+
+def _check_existing_location(experiment: str, location: str | None) -> None:
+    if location and "/.dvc/tmp/" in location:
+        raise AmpbenchError(f"MLflow experiment {experiment!r} keeps its artifacts in {location}, inside a DVC "
+                            "temporary copy that is deleted after each queued run; choose another "
+                            "mlflow.experiment (a new experiment gets a lasting location)")
+
+
+def _no_exit_hook() -> None:
+    """MLflow ends a still-active run as FINISHED when the interpreter exits: an interrupted run whose KILLED
+    bookkeeping did not complete would be reported as a success. Every run here is closed explicitly."""
+    import atexit
+
+    from mlflow.tracking import fluent
+
+    hook = getattr(fluent, "_safe_end_run", None)
+    if hook is not None:
+        atexit.unregister(hook)
+
+
+def close_dead_runs(experiment_id: str) -> list[str]:
+    """Close as KILLED the RUNNING runs of this experiment whose process (this host's, by pid and start time)
+    has died; returns their ids. Runs of live processes, of other hosts or without our identity tags stay."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    closed = []
+    running = _retry(client.search_runs)([experiment_id], filter_string="attributes.status = 'RUNNING'",
+                                         max_results=1000)
+    for r in running:
+        owner = procs.Identity.from_tags(r.data.tags)
+        if owner is None or not owner.dead():
+            continue
+        _retry(client.set_tag)(r.info.run_id, "ampbench.ended_by",
+                               f"process {owner.pid} on {owner.host} died without closing the run (found by a "
+                               f"later run, pid {procs.Identity.current().pid})")
+        _retry(client.set_terminated)(r.info.run_id, status="KILLED")
+        closed.append(r.info.run_id)
+    return closed
 
 
 def flatten(prefix: str, obj: Any) -> dict[str, str]:
@@ -160,39 +282,71 @@ def flatten(prefix: str, obj: Any) -> dict[str, str]:
 def run(name: str, tags: dict[str, str], params: dict[str, str], run_id: str | None = None) -> Iterator[str]:
     """Start a run (or reopen ``run_id`` when resuming) and yield its id.
 
-    It ends FINISHED, FAILED (error as a tag) or KILLED (SIGINT/SIGTERM, which raise KeyboardInterrupt here).
+    It ends FINISHED, FAILED (error as a tag) or KILLED (SIGINT/SIGTERM, which raise KeyboardInterrupt here; later
+    signals are held off until the KILLED status is written). If the store itself fails, the run is left for a
+    later run's ``close_dead_runs`` and the store error (one line) is raised.
     """
     import mlflow
 
-    tags = {**tags, "ampbench.tracking_uri": redact(mlflow.get_tracking_uri())}  # never with a password
+    tags = {**tags, "ampbench.tracking_uri": redact(mlflow.get_tracking_uri()),  # never with a password
+            **procs.Identity.current().tags()}
     if run_id is not None and run_exists(run_id):
         active = _retry(mlflow.start_run)(run_id=run_id, tags=tags)
     else:
         active = _retry(mlflow.start_run)(run_name=name, tags=tags)
     run_id = active.info.run_id
-    previous = {}
+    with _signals_raise():
+        try:
+            _retry(mlflow.log_params)(params)
+            yield run_id
+        except KeyboardInterrupt as exc:
+            _close("KILLED", {"ampbench.ended_by": str(exc) or "SIGINT"})
+            raise
+        except BaseException as exc:
+            _close("FAILED", {"ampbench.error": mask(f"{type(exc).__name__}: {exc}")[:5000]})
+            raise
+        else:
+            _close("FINISHED", {}, strict=True)
 
-    def _killed(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, _killed)
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Within the block SIGINT/SIGTERM raise KeyboardInterrupt once and are ignored after (``procs.interrupt_once``).
+    A stage installs that for its whole process; called as a library, it is installed here and then undone."""
+    if signal.getsignal(signal.SIGTERM) is procs.interrupt_once:
+        yield
+        return
+    previous = procs.handle_signals_once()
     try:
-        _retry(mlflow.log_params)(params)
-        yield run_id
-    except KeyboardInterrupt as exc:
-        _retry(mlflow.set_tag)("ampbench.ended_by", str(exc) or "SIGINT")
-        _retry(mlflow.end_run)(status="KILLED")
-        raise
-    except BaseException as exc:
-        _retry(mlflow.set_tag)("ampbench.error", f"{type(exc).__name__}: {exc}"[:5000])
-        _retry(mlflow.end_run)(status="FAILED")
-        raise
-    else:
-        _retry(mlflow.end_run)(status="FINISHED")
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _close(status: str, tags: dict[str, str], strict: bool = False) -> None:
+    """End the active run with ``status`` and ``tags``. On a failing store: raise when ``strict`` (a normal
+    end), else leave the run to ``close_dead_runs`` and let the original error through (one line here)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient, fluent
+
+    run = mlflow.active_run()
+    if run is None:
+        return
+    # Forget it in this process first (what mlflow.end_run does before writing): a retried write below must not
+    # find the run gone, and nothing else in this process may end it with another status.
+    fluent._active_run_stack.get().pop()
+    client, run_id = MlflowClient(), run.info.run_id
+    try:
+        for key, value in tags.items():
+            _retry(client.set_tag)(run_id, key, value)
+        _retry(client.set_terminated)(run_id, status)
+    except Exception as exc:
+        if strict:
+            raise
+        from ampbench.console import log
+
+        log(f"could not mark the MLflow run {status} ({mask(str(exc))}); the next run of this stage will")
 
 
 @contextmanager
@@ -248,9 +402,9 @@ def log_artifacts(paths: list[Path], artifact_path: str | None = None) -> None:
 
     for p in paths:
         if Path(p).is_dir():
-            mlflow.log_artifacts(str(p), artifact_path=artifact_path)
+            _retry(mlflow.log_artifacts)(str(p), artifact_path=artifact_path)
         else:
-            mlflow.log_artifact(str(p), artifact_path=artifact_path)
+            _retry(mlflow.log_artifact)(str(p), artifact_path=artifact_path)
 
 
 def log_model(model, input_example, requirements: list[str]) -> str:
@@ -261,7 +415,8 @@ def log_model(model, input_example, requirements: list[str]) -> str:
     """
     import mlflow.pytorch
 
-    info = mlflow.pytorch.log_model(model, name="model", input_example=input_example, pip_requirements=requirements)
+    info = _retry(mlflow.pytorch.log_model)(model, name="model", input_example=input_example,
+                                            pip_requirements=requirements)
     return info.model_uri
 
 

@@ -22,11 +22,11 @@ from ampbench import checkpoint, distributed, resume, tracking
 from ampbench.console import log
 from ampbench.data import Prepared, load_prepared
 from ampbench.determinism import seed_everything, set_deterministic
-from ampbench.errors import ArmUnavailable
+from ampbench.errors import AmpbenchError, ArmUnavailable, ParamsError, StoreError
 from ampbench.fileio import atomic_write_json
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.layout import ArmFiles
-from ampbench.loader import keep_on_device
+from ampbench.loader import batches_per_epoch, keep_on_device
 from ampbench.model_factory import ModelSpec, build, inspect_model
 from ampbench.monitor import Diverged
 from ampbench.params import Params
@@ -159,6 +159,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
     out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, tags, enabled=world.is_main)
     try:
         data = load_prepared(data_dir)
+        check_steps(params, data, world)
         model = check_model(params, data, device)  # before anything is written: a model that does not fit fails
         try:
             policy = resolve_policy(arm, device)
@@ -169,16 +170,30 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
             return summary
         out.open(params.mlflow.experiment)
         seeds = {}
-        for seed in params.train.seeds:
-            key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
-            job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key, model)
-            seeds[str(seed)] = _train_seed(job, data_dir, out)
+        try:
+            for seed in params.train.seeds:
+                key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
+                job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key,
+                              model)
+                seeds[str(seed)] = _train_seed(job, data_dir, out)
+        except StoreError as exc:
+            raise StoreError(f"{exc} — the epochs done are kept in {resume_dir}: run the stage again once the "
+                             "store works, it continues from there") from None
         distributed.barrier(world)
         summary = _arm_summary(arm, params, policy, device, world, model, {s: r for s, (r, _) in seeds.items()})
         out.finished(summary, {s: [r.row() for r in records] for s, (_, records) in seeds.items()})
         return summary
     finally:
         distributed.shutdown(world)
+
+
+def check_steps(params: Params, data: Prepared, world: distributed.World) -> None:
+    """Refuse, before any work, a configuration under which an epoch would run no optimizer step."""
+    n, batch = len(data.train), params.train.batch_size
+    if batches_per_epoch(n, batch, world.size) == 0:
+        raise ParamsError(f"train.batch_size: {batch} over {n} training samples and {world.size} process(es) "
+                          "gives no batch to train on (batches of one sample, or that do not split over the "
+                          "processes, are dropped)")
 
 
 def check_model(params: Params, data: Prepared, device: torch.device) -> dict[str, Any]:
@@ -261,6 +276,8 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
                 out.dataset(job, data_dir)
             reset_peak_memory(job.device)
             fit(state, job.data.train, job.data.val, job.policy, cfg, on_epoch=on_epoch, world=job.world)
+            if not sum(r.optimizer_steps for r in progress.records):  # check_steps makes this unreachable
+                raise AmpbenchError(f"{job.name}: training ran no optimizer step; its results would be untrained")
             record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name)
             paths = out.seed_files(job, checkpoint.state_dict(state), progress.records)
             out.seed_artifacts(job, paths, record, model)

@@ -1,0 +1,130 @@
+"""Processes: who we are (so a later run can tell that a run's process died), and a watch on the ``dvc`` that
+launched us (so a stage never outlives it).
+
+Linux ``/proc`` is read where it exists; elsewhere identity falls back to the pid alone and the watch is off.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def interrupt_once(signum, frame):
+    """Signal handler: the first SIGINT/SIGTERM raises KeyboardInterrupt(name); every later one is ignored, so that
+    a second Ctrl-C or a scheduler's repeated SIGTERM cannot cut short the cleanup the first one started (closing
+    MLflow runs as KILLED, removing temporary files)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def handle_signals_once() -> dict[int, object]:
+    """Install ``interrupt_once`` for SIGINT and SIGTERM (main thread only); returns the previous handlers."""
+    return {sig: signal.signal(sig, interrupt_once) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None if there is
+    no such process. With the pid it identifies a process even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # after "pid (comm)": state is field 3, starttime field 22
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A process, told apart from a later one with the same pid by its start time."""
+
+    host: str
+    pid: int
+    started: str  # "" where /proc is missing
+
+    @classmethod
+    def current(cls) -> Identity:
+        return cls(socket.gethostname(), os.getpid(), start_time(os.getpid()) or "")
+
+    def tags(self) -> dict[str, str]:
+        return {"ampbench.host": self.host, "ampbench.pid": str(self.pid), "ampbench.pid_started": self.started}
+
+    @classmethod
+    def from_tags(cls, tags: dict[str, str]) -> Identity | None:
+        try:
+            return cls(tags["ampbench.host"], int(tags["ampbench.pid"]), tags.get("ampbench.pid_started", ""))
+        except (KeyError, ValueError):
+            return None
+
+    def dead(self) -> bool:
+        """True only when it is certain: the process ran on this host and is gone (or its pid was reused)."""
+        if self.host != socket.gethostname():
+            return False  # another machine's process: cannot tell
+        now = start_time(self.pid)
+        if now is not None:
+            return bool(self.started) and now != self.started  # same pid, another process: ours is gone
+        if Path("/proc").is_dir():
+            return True
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
+
+
+def _is_dvc(argv: list[str]) -> bool:
+    """``dvc …``, ``/path/to/dvc …`` or ``python -m dvc …``."""
+    names = [os.path.basename(a) for a in argv if a]
+    if not names:
+        return False
+    return names[0] == "dvc" or (len(names) > 1 and (names[1] == "dvc" or names[1:3] == ["-m", "dvc"]))
+
+
+def dvc_ancestor() -> Identity | None:
+    """The ``dvc`` process that runs this stage (an ancestor: dvc → shell → python), or None outside DVC."""
+    if not os.environ.get("DVC_STAGE"):
+        return None
+    pid = _parent(os.getpid())
+    for _ in range(8):  # dvc, its shell, torchrun…: a short chain
+        if pid is None or pid <= 1:
+            return None
+        if _is_dvc(_cmdline(pid)):
+            return Identity(socket.gethostname(), pid, start_time(pid) or "")
+        pid = _parent(pid)
+    return None
+
+
+def stop_when_gone(owner: Identity, say, interval: float = 0.5) -> threading.Thread:
+    """Send ourselves SIGTERM once ``owner`` has exited: killed ``dvc repro`` must not leave a stage running that
+    would later overwrite the outputs DVC has already restored. Returns the (daemon) watching thread."""
+
+    def watch() -> None:
+        while not owner.dead():
+            threading.Event().wait(interval)
+        say(f"dvc (pid {owner.pid}) has exited; stopping this stage")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="ampbench-dvc-watch", daemon=True)
+    thread.start()
+    return thread
