@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import TINY
+from conftest import TINY, clean_env, run_ok, stage_command
 from test_cli import _stage
 
 
@@ -46,6 +46,15 @@ PARAM_CASES = [
     ("device-unknown", "train", {"train.device": "tpu"}, "train.device:"),
     ("margin-negative", "evaluate", {"evaluate.margin.accuracy_pp": -1}, "evaluate.margin.accuracy_pp:"),
     ("seeds-empty", "train", {"train.seeds": []}, "train.seeds:"),
+    ("seed-negative", "train", {"train.seeds": [0, -1]}, "train.seeds.1: Input should be greater than or equal to 0"),
+    ("seed-beyond-32-bit", "train", {"train.seeds": [2**32]}, "train.seeds.0: Input should be less than or equal to"),
+    ("split-seed-beyond-32-bit", "prepare", {"prepare.seed": 2**40}, "prepare.seed: Input should be less than"),
+    ("epochs-absurd", "train", {"train.epochs": 10**9}, "train.epochs: Input should be less than or equal to 100000"),
+    ("batch-absurd", "train", {"train.batch_size": 2**40}, "train.batch_size: Input should be less than or equal"),
+    ("bins-absurd", "evaluate", {"evaluate.calibration_bins": 10**9}, "evaluate.calibration_bins:"),
+    ("init-scale-beyond-fp32", "train", {"train.grad_scaler.init_scale": 1e39}, "train.grad_scaler.init_scale:"),
+    ("synthetic-beyond-memory", "prepare", {"prepare.dataset": "synthetic", "prepare.synthetic.count": 10**7,
+                                            "prepare.synthetic.image_size": 1024}, "need about"),
     ("seed-word", "train", {"train.seeds": ["a"]}, "train.seeds.0:"),
     ("backoff-above-one", "train", {"train.grad_scaler.backoff_factor": 2}, "train.grad_scaler.backoff_factor:"),
     ("benchmark-with-determinism", "train", {"train.cudnn_benchmark": True}, "train.cudnn_benchmark:"),
@@ -281,3 +290,65 @@ def test_batches_per_epoch_counts_what_the_loader_yields():
         for batch in range(1, 6):
             for ranks in (1, 2, 3):
                 assert batches_per_epoch(n, batch, ranks) == len(index_batches(n, batch, generator, ranks))
+
+
+@pytest.fixture(scope="module")
+def trained(prepared, tmp_path_factory):
+    """(params file, models folder) of a tiny fp32-only run, trained once for the file-damage cases below."""
+    import yaml
+
+    root = tmp_path_factory.mktemp("trained")
+    params = yaml.safe_load(yaml.safe_dump(TINY))
+    params["train"].update({"precisions": ["fp32"]})
+    params["mlflow"]["log_model"] = False
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    # In a subprocess: training sets process-wide torch flags that a module fixture would leak into later tests.
+    run_ok(stage_command("train", path, "--precision", "fp32", "--data", str(prepared), "--out",
+                         str(root / "models" / "fp32"), "--resume-dir", str(root / ".resume")), root,
+           clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}"))
+    return path, root / "models"
+
+
+# What evaluate reads from models/fp32/, altered: (id, file, damage, expected text after the file name)
+DAMAGED = [
+    ("summary-garbage", "summary.json", b"{not json", "not valid JSON"),
+    ("summary-empty-object", "summary.json", b"{}", "not a summary the train stage wrote"),
+    ("summary-list", "summary.json", b"[1, 2]", "not a summary the train stage wrote"),
+    ("summary-missing", "summary.json", None, "missing"),
+    ("summary-other-seeds", "summary.json", "seeds", "no result for seed(s) [0]"),
+    ("history-garbage", "history.json", b"\x00\x01", "not valid JSON"),
+    ("history-list", "history.json", b"[]", "not a history the train stage wrote"),
+    ("checkpoint-truncated", "seed0.pt", "truncate", "checkpoint unreadable"),
+    ("checkpoint-missing", "seed0.pt", None, "missing"),
+    ("checkpoint-of-another-model", "seed0.pt", "weights", "not a checkpoint the train stage wrote"),
+]
+
+
+@pytest.mark.parametrize("case", DAMAGED, ids=[c[0] for c in DAMAGED])
+def test_damaged_inputs_of_evaluate_are_one_line_naming_the_file(case, trained, prepared, tmp_path, mlflow_store):
+    _, name, damage, expected = case
+    params, models = trained
+    shutil.copytree(models, tmp_path / "models")
+    target = tmp_path / "models" / "fp32" / name
+    if damage is None:
+        target.unlink()
+    elif damage == "seeds":
+        summary = json.loads(target.read_text())
+        summary["seeds"] = {"7": summary["seeds"]["0"]}
+        target.write_text(json.dumps(summary))
+    elif damage == "truncate":
+        target.write_bytes(target.read_bytes()[:1000])
+    elif damage == "weights":
+        ck = torch.load(target, weights_only=True)
+        ck["model"] = {k + ".renamed": v for k, v in ck["model"].items()}
+        torch.save(ck, target)
+    else:
+        target.write_bytes(damage)
+    result = _invoke("evaluate", ["--params", str(params), "--data", str(prepared), "--models",
+                                  str(tmp_path / "models"), "--reports", str(tmp_path / "reports")])
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.count("\n") == 0 and "Traceback" not in result.output, err
+    assert err.startswith(f"error: {target}") and expected in err, err
+    assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").rglob("*"))

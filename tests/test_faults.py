@@ -354,3 +354,49 @@ def test_a_temporary_experiment_keeps_its_artifacts_in_a_new_user_store(tmp_path
     for r in runs:
         folder = Path(r.info.artifact_uri.removeprefix("file://"))
         assert folder.is_dir() and any(folder.rglob("*")), f"{r.info.run_name}: artifacts gone from {folder}"
+
+
+_EVALUATE_DRIVER = """
+import os, runpy, signal, sys
+sys.path[:0] = [{src!r}, {pipeline!r}]
+from ampbench import evaluate_stage
+real = evaluate_stage.atomic_write_text
+def write_text(path, text):  # report.md, after comparison.json, speed.json, details.json, curves.json
+    os.kill(os.getpid(), signal.SIGTERM)
+    real(path, text)
+evaluate_stage.atomic_write_text = write_text
+sys.argv = [{evaluate!r}, *sys.argv[1:]]
+runpy.run_path({evaluate!r}, run_name="__main__")
+"""
+
+
+def test_signal_while_evaluate_writes_reports_leaves_the_old_set(tmp_path, setup, tiny_params, write_params):
+    """SIGTERM in the middle of writing the reports: exit 130, no temporary file or staging folder, and the reports
+    are the previous run's, every one of them (never half old, half new); the next run replaces them all."""
+    make, params, args = setup
+    env = clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_ok([sys.executable, str(ROOT / "pipeline" / "train.py"), *args(params, "m")], tmp_path, env)
+    reports = tmp_path / "reports"
+    evaluate = ["--params", str(params), "--data", str(tmp_path / "prepared"), "--models", str(tmp_path / "m"),
+                "--reports", str(reports)]
+    run_ok([sys.executable, str(ROOT / "pipeline" / "evaluate.py"), *evaluate], tmp_path, env)
+    before = {p: p.read_bytes() for p in reports.rglob("*") if p.is_file()}
+    assert len(before) >= 8
+
+    changed = make(epochs=4, seeds=[0])  # same training, other evaluate params: every report changes
+    text = changed.read_text().replace("confidence: 0.95", "confidence: 0.9")
+    assert text != changed.read_text()
+    changed.write_text(text)
+    evaluate[1] = str(changed)
+    driver = _EVALUATE_DRIVER.format(src=str(ROOT / "src"), pipeline=str(ROOT / "pipeline"),
+                                     evaluate=str(ROOT / "pipeline" / "evaluate.py"))
+    cut = subprocess.run([sys.executable, "-c", driver, *evaluate], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert cut.returncode == 130 and "interrupted (SIGTERM)" in cut.stderr, cut.stderr[-3000:]
+    assert "Traceback" not in cut.stderr
+    after = {p: p.read_bytes() for p in reports.rglob("*") if p.is_file()}
+    assert after == before
+    assert not list(reports.glob(".staging-*")) and not _temporaries(reports)
+
+    run_ok([sys.executable, str(ROOT / "pipeline" / "evaluate.py"), *evaluate], tmp_path, env)
+    assert "90%" in (reports / "report.md").read_text() and "90%" not in before[reports / "report.md"].decode()

@@ -30,6 +30,7 @@ import torch
 from ampbench.datasets import SPLITS, Raw, load_factory, load_imagefolder
 from ampbench.errors import DataError
 from ampbench.fileio import atomic_torch_save, atomic_write_text
+from ampbench.hardware import available_memory
 
 if TYPE_CHECKING:  # params needs pydantic; the bench must run where only torch is installed
     from ampbench.params import PrepareParams
@@ -123,6 +124,12 @@ def _load_digits() -> Raw:
 def _make_synthetic(p: PrepareParams) -> Raw:
     """Learnable random images: a smooth prototype per class plus Gaussian noise, fully determined by the seed."""
     s = p.synthetic
+    need = 3 * s.count * s.channels * s.image_size**2 * 4  # float32 images, noise and prototypes-per-image at once
+    have = available_memory(torch.device("cpu"))
+    if need > have:
+        raise DataError(f"prepare.synthetic: {s.count} images of {s.channels}×{s.image_size}×{s.image_size} need "
+                        f"about {need / 2**30:.1f} GiB while generated, this machine has {have / 2**30:.1f} GiB "
+                        "available; lower count or image_size")
     gen = torch.Generator().manual_seed(p.seed)
     coarse = max(2, s.image_size // 4)
     protos = torch.randn(s.classes, s.channels, coarse, coarse, generator=gen)

@@ -8,7 +8,6 @@ figures/*.png; test metrics and verdicts onto each arm's MLflow runs, and one co
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ from ampbench import checkpoint, tracking
 from ampbench.arms import BASELINE, TF32_REFERENCE
 from ampbench.console import log
 from ampbench.data import load_prepared
-from ampbench.errors import AmpbenchError
-from ampbench.fileio import atomic_savefig, atomic_write_json, atomic_write_text
+from ampbench.errors import AmpbenchError, DataError
+from ampbench.fileio import atomic_savefig, atomic_write_json, atomic_write_text, published_together, read_json
 from ampbench.layout import ArmFiles, ReportFiles
 from ampbench.model_factory import ModelSpec, build
 from ampbench.params import Params
@@ -45,11 +44,33 @@ FINGERPRINT_KEYS = ("device_name", "compute_capability", "cuda_version", "cudnn_
 
 
 def _load_arm_model(ckpt_path: Path, device: torch.device) -> torch.nn.Module:
+    if not ckpt_path.exists():
+        raise DataError(f"{ckpt_path}: missing; {_RETRAIN}")
     ck = checkpoint.load(ckpt_path)
-    m = ck["meta"]
-    model = build(ModelSpec.from_meta(m["model"]), tuple(m["input_shape"]), m["num_classes"])
-    model.load_state_dict(ck["model"])
+    try:
+        m = ck["meta"]
+        model = build(ModelSpec.from_meta(m["model"]), tuple(m["input_shape"]), m["num_classes"])
+        model.load_state_dict(ck["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # altered: not what train wrote
+        raise DataError(f"{ckpt_path}: not a checkpoint the train stage wrote ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}); {_RETRAIN}") from None
     return model.to(device).eval()
+
+
+_RETRAIN = "rerun the train stage (dvc repro) to rewrite it"
+
+
+def _read_summary(path: Path, arm: str, seeds: list[int]) -> dict:
+    """models/<arm>/summary.json, checked for what evaluate reads: one line naming the file otherwise."""
+    s = read_json(path, f"train the {arm} arm first (dvc repro)")
+    need = ("skipped", "hardware") + (() if isinstance(s, dict) and s.get("skipped") else ("seeds",))
+    if not isinstance(s, dict) or any(k not in s for k in need):
+        raise DataError(f"{path}: not a summary the train stage wrote (expected keys {', '.join(need)}); {_RETRAIN}")
+    if not s["skipped"] and not s.get("diverged"):
+        missing = [seed for seed in seeds if str(seed) not in s["seeds"]]
+        if missing:
+            raise DataError(f"{path}: no result for seed(s) {missing} of train.seeds; {_RETRAIN}")
+    return s
 
 
 def check_fingerprints(summaries: dict[str, dict]) -> None:
@@ -122,10 +143,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
 
     summaries = {}
     for arm in tp.precisions:
-        path = ArmFiles(models_dir / arm).summary
-        if not path.exists():
-            raise AmpbenchError(f"{path} missing: train the {arm} arm first (dvc repro)")
-        summaries[arm] = json.loads(path.read_text())
+        summaries[arm] = _read_summary(ArmFiles(models_dir / arm).summary, arm, tp.seeds)
     if summaries[BASELINE]["skipped"] or summaries[BASELINE].get("diverged"):
         why = summaries[BASELINE]["skipped"] or summaries[BASELINE]["diverged"]
         raise AmpbenchError(f"the {BASELINE} baseline has no result to compare against: {why}")
@@ -144,7 +162,9 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             continue
         policy = resolve_policy(arm, device)
         arm_files = ArmFiles(models_dir / arm)
-        histories = json.loads(arm_files.history.read_text())
+        histories = read_json(arm_files.history, _RETRAIN)
+        if not isinstance(histories, dict):
+            raise DataError(f"{arm_files.history}: not a history the train stage wrote; {_RETRAIN}")
         per_seed, examples = {}, {}
         for seed in tp.seeds:
             model = _load_arm_model(arm_files.checkpoint(seed), device)
@@ -184,7 +204,8 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             "slower than fp32 here; mixed-precision speed-ups are mainly a GPU tensor-core effect. Memory on CPU is "
             "the process's peak RSS (imports included). Speeds are reported as measured.")
     report_files = ReportFiles(reports_dir)
-    _write_reports(reports, comparison, speed, details, context, report_files)
+    with published_together(reports_dir) as staging:  # all reports replaced at once, or none
+        _write_reports(reports, comparison, speed, details, context, ReportFiles(staging))
     from ampbench.report import recommendation
 
     merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}

@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import signal
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 def _atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -47,6 +50,19 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+def read_json(path: Path, hint: str = "") -> Any:
+    """Parse the JSON file at ``path``; a missing or malformed file is one DataError naming it (and ``hint``)."""
+    from ampbench.errors import DataError
+
+    hint = f"; {hint}" if hint else ""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing{hint}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not valid JSON ({exc}){hint}") from None
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     """Write ``obj`` as indented JSON atomically (non-finite numbers as null)."""
     atomic_write_text(path, json.dumps(_finite(obj), indent=2, sort_keys=False, allow_nan=False) + "\n")
@@ -70,3 +86,33 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 def atomic_savefig(fig, path: Path) -> None:
     """Save a matplotlib figure as PNG atomically."""
     _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+
+
+@contextmanager
+def published_together(root: Path) -> Iterator[Path]:
+    """Yield a staging folder inside ``root``; the files written under it replace their namesakes under ``root``
+    together when the block ends, with SIGINT/SIGTERM held off while renaming, or none of them on an error or a
+    signal: a stage's outputs are never half old, half new. Leftover staging folders (kill -9) are removed."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.glob(".staging-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    try:
+        yield staging
+        files = sorted(p for p in staging.rglob("*") if p.is_file())
+        pending: list[int] = []
+        held = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for f in files:
+                dest = root / f.relative_to(staging)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(f, dest)
+        finally:
+            for sig, handler in held.items():
+                signal.signal(sig, handler)
+            if pending:  # delivered now, to the handler that was in place
+                signal.raise_signal(pending[0])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -20,7 +20,6 @@ the step time the run is input-bound, and precision cannot show its speed.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import torch
 from ampbench import distributed
 from ampbench.data import Split
 from ampbench.distributed import World
+from ampbench.hardware import available_memory
 
 DEVICE_SHARE = 0.25  # auto: keep a split on the device when it takes at most this share of free device memory
 PAD = 4  # crop_flip: zero padding on each side before the random crop (the CIFAR recipe)
@@ -57,18 +57,6 @@ def batches_per_epoch(n: int, batch_size: int, ranks: int = 1) -> int:
     """How many batches ``index_batches`` yields per epoch (the same drop rules, without shuffling)."""
     kept = lambda size: size > 1 and size % ranks == 0  # noqa: E731
     return (n // batch_size) * kept(batch_size) + kept(n % batch_size)
-
-
-def available_memory(device: torch.device) -> int:
-    """Bytes free for data on ``device``: CUDA's free memory, or the host's available memory."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
 def keep_on_device(setting: bool | str, split: Split, device: torch.device) -> bool:

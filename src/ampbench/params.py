@@ -66,12 +66,17 @@ def _unknown_torchvision_name(name: str) -> str | None:
     return f"torchvision has no classification model {name!r} ({hint})"
 
 
-def at_least(bound: float):
-    """A lower bound for one member of a union (``float | Literal["auto"]``), where a knob's ge would also be
-    applied to the string."""
+def at_least(bound: float, most: float | None = None):
+    """Bounds for one member of a union (``float | Literal["auto"]``, where a knob's ge would also be applied to
+    the string) or of a list (each seed)."""
     from pydantic import Field
 
-    return Field(ge=bound)
+    return Field(ge=bound, le=most)
+
+
+# Upper bounds are what a machine can honour: NumPy seeds are 32-bit; counts and sizes beyond these would take
+# days or more memory than any machine has, and are far more likely a typo than a plan.
+SEED_MAX = 2**32 - 1
 
 
 # extra="forbid": a typo such as `train.epoch` is an error instead of a silently ignored key.
@@ -105,8 +110,8 @@ class SyntheticParams(_Section):
     image_size: Annotated[int, knob("height = width of the generated images, pixels", ge=4, le=1024)] = 32
     channels: Annotated[int, knob("image channels", ge=1, le=16)] = 3
     classes: Annotated[int, knob("number of classes", ge=2, le=1000)] = 10
-    count: Annotated[int, knob("images generated in total, before the split", ge=30)] = 4096
-    noise: Annotated[float, knob("std of the Gaussian noise added to each class prototype", ge=0)] = 1.0
+    count: Annotated[int, knob("images generated in total, before the split", ge=30, le=10_000_000)] = 4096
+    noise: Annotated[float, knob("std of the Gaussian noise added to each class prototype", ge=0, le=1e6)] = 1.0
 
 
 @dataclass(frozen=True)
@@ -130,14 +135,14 @@ class PrepareParams(_Section):
         "the file or folder with your dataset factory's code, a dependency of prepare (default: the built-in "
         "readers)", min_length=1)] = "src/ampbench/datasets.py"
     download: Annotated[bool, knob("torchvision sets: fetch into raw_dir when missing (needs network)")] = False
-    seed: Annotated[int, knob("seeds the train/val/test split", ge=0)] = 0
+    seed: Annotated[int, knob("seeds the train/val/test split", ge=0, le=SEED_MAX)] = 0
     val_fraction: Annotated[float, knob("share of the data held out for validation", gt=0, lt=0.5)] = 0.15
     test_fraction: Annotated[float, knob("share held out for testing; ignored for data sets with an official "
                                          "test split", gt=0, lt=0.5)] = 0.15
-    max_train: Annotated[int | None, knob("cap on training samples (null: all)", ge=10)] = None
+    max_train: Annotated[int | None, knob("cap on training samples (null: all)", ge=10, le=10**9)] = None
     max_test: Annotated[int | None, knob(
         "cap on test samples, a seeded random subset (null: all); fewer test samples widen the verdicts' "
-        "intervals", ge=10)] = None
+        "intervals", ge=10, le=10**9)] = None
     synthetic: Annotated[SyntheticParams, knob("used when dataset: synthetic")] = field(
         default_factory=SyntheticParams)
 
@@ -148,10 +153,12 @@ class GradScalerParams(_Section):
 
     __pydantic_config__ = _FORBID_EXTRA
 
-    init_scale: Annotated[float, knob("loss scale to start from", gt=0)] = 65536.0
-    growth_factor: Annotated[float, knob("scale × this after growth_interval steps without inf/NaN", gt=1)] = 2.0
+    init_scale: Annotated[float, knob("loss scale to start from (finite in float32)", gt=0, le=2.0**127)] = 65536.0
+    growth_factor: Annotated[float, knob("scale × this after growth_interval steps without inf/NaN", gt=1,
+                                          le=2.0**16)] = 2.0
     backoff_factor: Annotated[float, knob("scale × this after a step with inf/NaN gradients", gt=0, lt=1)] = 0.5
-    growth_interval: Annotated[int, knob("steps without inf/NaN before the scale grows", ge=1)] = 2000
+    growth_interval: Annotated[int, knob("steps without inf/NaN before the scale grows", ge=1,
+                                         le=10**9)] = 2000
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,8 @@ class DivergenceParams(_Section):
 
     min_loss_scale: Annotated[float, knob("the fp16 loss scale fell below this: overflow on every step",
                                           gt=0)] = 1.0
-    max_consecutive_skips: Annotated[int, knob("or this many optimizer steps in a row were skipped", ge=1)] = 50
+    max_consecutive_skips: Annotated[int, knob("or this many optimizer steps in a row were skipped", ge=1,
+                                                   le=10**9)] = 50
 
 
 @dataclass(frozen=True)
@@ -173,8 +181,9 @@ class TrainParams(_Section):
         f"arms to train; {BASELINE} is the baseline and must stay. Opt-in ablations: {', '.join(ABLATIONS)}",
         # Not a dependency of the train stages: dvc.yaml's matrix makes one stage per entry.
         stages=("evaluate",), min_length=1)] = field(default_factory=lambda: list(MAIN))
-    seeds: Annotated[list[int], knob("each arm trains once per seed and is compared with fp32 of the same seed",
-                                     stages=("train", "evaluate"), min_length=1)] = field(
+    seeds: Annotated[list[Annotated[int, at_least(0, SEED_MAX)]], knob(
+        "each arm trains once per seed and is compared with fp32 of the same seed", stages=("train", "evaluate"),
+        min_length=1, max_length=1000)] = field(
         default_factory=lambda: [0, 1, 2])
     device: Annotated[Literal["auto", "cpu", "cuda"], knob("auto (CUDA when present) | cuda | cpu",
                                                            stages=("train", "evaluate"))] = "auto"
@@ -195,11 +204,12 @@ class TrainParams(_Section):
         ge=1, le=4096)] = None
     optimizer: Annotated[Literal[OPTIMIZERS], knob("sgd | adam | adamw")] = "adamw"
     lr: Annotated[float, knob("learning rate (the start of the cosine schedule)", gt=0, le=10)] = 0.003
-    weight_decay: Annotated[float, knob("decoupled for adamw, L2 for sgd and adam", ge=0)] = 0.0001
+    weight_decay: Annotated[float, knob("decoupled for adamw, L2 for sgd and adam", ge=0, le=10)] = 0.0001
     momentum: Annotated[float, knob("sgd only", ge=0, lt=1)] = 0.9
     scheduler: Annotated[Literal[SCHEDULERS], knob("constant | cosine (per epoch, to zero)")] = "cosine"
-    epochs: Annotated[int, knob("passes over the training split", ge=1)] = 8
-    batch_size: Annotated[int, knob("samples per optimizer step (the global batch under DDP)", ge=1)] = 64
+    epochs: Annotated[int, knob("passes over the training split", ge=1, le=100_000)] = 8
+    batch_size: Annotated[int, knob("samples per optimizer step (the global batch under DDP)", ge=1,
+                                    le=2**24)] = 64
     augment: Annotated[Literal["none", "crop_flip"], knob(
         "none | crop_flip (zero-pad 4, random crop, horizontal flip: the CIFAR recipe; the same augmented batches "
         "for every arm of a seed)")] = "none"
@@ -215,11 +225,12 @@ class TrainParams(_Section):
     channels_last: Annotated[bool, knob("GPU: channels_last memory format (faster convs on tensor cores)")] = False
     compile: Annotated[bool, knob("torch.compile the model (first-epoch compile time reported apart)")] = False
     cudnn_benchmark: Annotated[bool, knob("cuDNN autotuning; needs deterministic: false")] = False
-    clip_grad_norm: Annotated[float | None, knob("e.g. 1.0: clip the true (unscaled) gradient norm", gt=0)] = None
+    clip_grad_norm: Annotated[float | None, knob("e.g. 1.0: clip the true (unscaled) gradient norm", gt=0,
+                                                 le=1e12)] = None
     telemetry_every: Annotated[int, knob("steps between gradient underflow/overflow samples and divergence checks",
-                                         ge=1)] = 10
+                                         ge=1, le=10**9)] = 10
     loss_multiplier: Annotated[float, knob("< 1 shrinks gradients toward fp16's underflow range (stress test of "
-                                           "the scaler); reported losses stay unscaled", gt=0)] = 1.0
+                                           "the scaler); reported losses stay unscaled", gt=0, le=1e6)] = 1.0
     grad_scaler: Annotated[GradScalerParams, knob("torch.amp.GradScaler settings (fp16 arm)")] = field(
         default_factory=GradScalerParams)
     divergence: Annotated[DivergenceParams, knob("stop an arm (run FAILED, comparison shows \"diverged\") when:")] = (
@@ -243,10 +254,10 @@ class MarginParams(_Section):
 class EvaluateParams(_Section):
     __pydantic_config__ = _FORBID_EXTRA
 
-    batch_size: Annotated[int, knob("test samples per forward pass", ge=1)] = 1024
+    batch_size: Annotated[int, knob("test samples per forward pass", ge=1, le=2**24)] = 1024
     confidence: Annotated[float, knob("of the paired intervals (per-example score interval and t over seeds)", gt=0.5,
                                       lt=1)] = 0.95
-    calibration_bins: Annotated[int, knob("bins of the expected calibration error", ge=2)] = 15
+    calibration_bins: Annotated[int, knob("bins of the expected calibration error", ge=2, le=10_000)] = 15
     margin: Annotated[MarginParams, knob("equivalence margins for the verdicts")] = field(
         default_factory=MarginParams)
 
