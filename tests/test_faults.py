@@ -58,7 +58,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
     while not path.exists():
         if proc.poll() is not None:
             out, err = proc.communicate()
-            pytest.fail(f"exited {proc.returncode} before {path.name}:\n{err[-3000:]}")
+            pytest.fail(f"exited {proc.returncode} before {path.name}:\n{(err or '')[-3000:]}")
         assert time.monotonic() < deadline, f"no {path} after {timeout} s"
         time.sleep(0.1)
 
@@ -231,9 +231,11 @@ def test_store_corrupted_mid_run(tmp_path, setup):
 
 
 def _trains_in(pid: int, repo: Path) -> bool:
+    """Is ``pid`` the Python process of a train stage run in ``repo`` (not the shell DVC may start it with)?"""
     try:
-        return (Path(f"/proc/{pid}/cwd").resolve() == repo.resolve()
-                and "pipeline/train.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        return (Path(f"/proc/{pid}/cwd").resolve() == repo.resolve() and os.path.basename(argv[0]).startswith("python")
+                and "pipeline/train.py" in argv)
     except OSError:
         return False
 
@@ -244,13 +246,15 @@ def test_sigterm_to_dvc_repro_stops_the_stage(tmp_path, tiny_params):
     tiny_params["train"].update({"precisions": ["fp32"], "epochs": 500})
     tiny_params["mlflow"]["log_model"] = False
     repo, env = make_project_repo(tmp_path / "project", tiny_params)
-    dvc = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    log = open(tmp_path / "dvc.log", "w")  # a file, not a pipe nobody reads: dvc must never block on its output
+    dvc = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env, stdout=log,
+                           stderr=subprocess.STDOUT)
     _wait_for(repo / ".resume" / "fp32" / "seed0.pt", dvc)  # the first epoch is done: training runs
     uri = f"sqlite:///{repo / 'mlflow.db'}"
     [pid] = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _trains_in(int(p.name), repo)]
     dvc.send_signal(signal.SIGTERM)
     dvc.wait(timeout=60)
+    log.close()
     deadline = time.monotonic() + 30
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
