@@ -9,11 +9,12 @@ import json
 import math
 import os
 import shutil
-import signal
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from ampbench import procs
 
 
 def _atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -101,18 +102,10 @@ def published_together(root: Path) -> Iterator[Path]:
     try:
         yield staging
         files = sorted(p for p in staging.rglob("*") if p.is_file())
-        pending: list[int] = []
-        held = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with procs.signals_deferred():
             for f in files:
                 dest = root / f.relative_to(staging)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(f, dest)
-        finally:
-            for sig, handler in held.items():
-                signal.signal(sig, handler)
-            if pending:  # delivered now, to the handler that was in place
-                signal.raise_signal(pending[0])
     finally:
         shutil.rmtree(staging, ignore_errors=True)

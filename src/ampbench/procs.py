@@ -10,8 +10,10 @@ import os
 import signal
 import socket
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 
 def interrupt_once(signum, frame):
@@ -26,6 +28,26 @@ def interrupt_once(signum, frame):
 def handle_signals_once() -> dict[int, object]:
     """Install ``interrupt_once`` for SIGINT and SIGTERM (main thread only); returns the previous handlers."""
     return {sig: signal.signal(sig, interrupt_once) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT/SIGTERM that arrive inside the block are delivered when it ends, to the handler in place then (on
+    the main thread; elsewhere nothing changes). For work a KeyboardInterrupt must not cut in two: a database
+    transaction left open holds the store's lock against this very process's KILLED bookkeeping."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    held = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum))
+            for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        if pending:
+            signal.raise_signal(pending[0])
 
 
 def start_time(pid: int) -> str | None:
@@ -122,7 +144,10 @@ def stop_when_gone(owner: Identity, say, interval: float = 0.5) -> threading.Thr
     def watch() -> None:
         while not owner.dead():
             threading.Event().wait(interval)
-        say(f"dvc (pid {owner.pid}) has exited; stopping this stage")
+        try:
+            say(f"dvc (pid {owner.pid}) has exited; stopping this stage")
+        except Exception:  # stderr may be a pipe whose reader died with dvc: stop all the same
+            pass
         os.kill(os.getpid(), signal.SIGTERM)
 
     thread = threading.Thread(target=watch, name="ampbench-dvc-watch", daemon=True)

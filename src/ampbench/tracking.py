@@ -7,6 +7,7 @@ from ``dvc repro``, ``dvc exp run`` and queued experiments in temporary copies a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -153,7 +154,8 @@ def _retry(fn):
     def wrapper(*args, **kwargs):
         for attempt in range(10):
             try:
-                return fn(*args, **kwargs)
+                with _whole_transactions():
+                    return fn(*args, **kwargs)
             except Exception as exc:
                 if any(t in str(exc) for t in _TRANSIENT) and attempt < 9:
                     time.sleep(0.05 * 2**attempt)  # 0.05 s … 25 s in total
@@ -163,6 +165,17 @@ def _retry(fn):
                 raise
 
     return wrapper
+
+
+def _whole_transactions():
+    """Signals wait until a write to a database store (SQLite, PostgreSQL…) is done: interrupted mid-transaction,
+    its connection keeps the lock and the KILLED bookkeeping that follows waits on it. A server's HTTP calls stay
+    interruptible (its transactions are the server's)."""
+    import mlflow
+
+    scheme = urlsplit(mlflow.get_tracking_uri()).scheme.split("+")[0]
+    databases = ("sqlite", "postgresql", "mysql", "mssql")
+    return procs.signals_deferred() if scheme in databases else contextlib.nullcontext()
 
 
 _STORE_MODULES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "psycopg2", "pymysql")
