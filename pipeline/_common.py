@@ -19,9 +19,9 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(CHECKOUT / "src"), str(CHECKOUT)]
 
 from ampbench import layout, procs  # noqa: E402  (needs the path above)
+from ampbench.cli import one_line  # noqa: E402
 from ampbench.errors import AmpbenchError  # noqa: E402
 from ampbench.params import load_params  # noqa: E402
-from ampbench.tracking import mask  # noqa: E402
 
 
 def project_root() -> Path:
@@ -101,16 +101,10 @@ def stage(fn):
             procs.stop_when_gone(owner, say=lambda msg: click.echo(msg, err=True))
         try:
             return fn(*args, params=load_params(params_path), **kwargs)
-        except AmpbenchError as exc:
+        except (AmpbenchError, OSError) as exc:  # OSError: unwritable folder, disk full, …: file and reason
             if debug:
                 raise
-            click.echo(f"error: {mask(str(exc))}", err=True)
-            sys.exit(2)
-        except OSError as exc:  # unwritable folder, disk full, …: the file and the reason, no traceback
-            if debug:
-                raise
-            where = f"{exc.filename}: " if exc.filename else ""
-            click.echo(f"error: {where}{mask(str(exc.strerror or exc))}", err=True)
+            click.echo(one_line(exc), err=True)
             sys.exit(2)
         except KeyboardInterrupt as exc:
             click.echo(f"interrupted ({exc or 'SIGINT'}); completed outputs are kept", err=True)

@@ -18,22 +18,30 @@ def main() -> None:
     """ampbench: measure mixed precision (fp16, bf16, TF32) against strict fp32, with DVC and MLflow."""
 
 
+def one_line(exc: Exception) -> str:
+    """The ``error: …`` line that ends a command: the message (for an OSError the file and the reason), with the
+    tracking URI's password masked."""
+    from ampbench.tracking import mask
+
+    if isinstance(exc, OSError):
+        text = (f"{exc.filename}: " if exc.filename else "") + str(exc.strerror or exc)
+    else:
+        text = str(exc)
+    return f"error: {mask(text)}"
+
+
 def one_line_errors(fn):
     """Errors a user can cause end a command with one line (``error: …``, password masked) and exit 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from ampbench.errors import AmpbenchError
-        from ampbench.tracking import mask
 
         try:
             return fn(*args, **kwargs)
-        except AmpbenchError as exc:
-            message = str(exc)
-        except OSError as exc:
-            message = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
-        click.echo(f"error: {mask(message)}", err=True)
-        raise SystemExit(2)
+        except (AmpbenchError, OSError) as exc:
+            click.echo(one_line(exc), err=True)
+            raise SystemExit(2) from None
 
     return wrapper
 

@@ -27,3 +27,4 @@ class ResumeRefused(AmpbenchError):
 
 class StoreError(AmpbenchError):
     """The MLflow tracking store failed (unreachable, corrupt, full)."""
+

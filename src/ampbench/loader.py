@@ -55,8 +55,8 @@ def index_batches(n: int, batch_size: int, generator: torch.Generator, ranks: in
 
 def batches_per_epoch(n: int, batch_size: int, ranks: int = 1) -> int:
     """How many batches ``index_batches`` yields per epoch (the same drop rules, without shuffling)."""
-    kept = lambda size: size > 1 and size % ranks == 0  # noqa: E731
-    return (n // batch_size) * kept(batch_size) + kept(n % batch_size)
+    full, rest = divmod(n, batch_size)
+    return sum(1 for size in [batch_size] * full + [rest] if size > 1 and size % ranks == 0)
 
 
 def keep_on_device(setting: bool | str, split: Split, device: torch.device) -> bool:

@@ -50,22 +50,25 @@ def signals_deferred() -> Iterator[None]:
             signal.raise_signal(pending[0])
 
 
-def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None if there is
-    no such process. With the pid it identifies a process even after the pid is reused."""
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` from field 3 (state) on, or None if there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]  # after "pid (comm)": state is field 3, starttime field 22
+    return stat.rsplit(")", 1)[1].split()  # after "pid (comm)": the command name may hold spaces
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22), or None if there is no such process. With
+    the pid it identifies a process even after the pid is reused."""
+    fields = _stat(pid)
+    return None if fields is None else fields[19]
 
 
 def _parent(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    fields = _stat(pid)
+    return None if fields is None else int(fields[1])
 
 
 def _cmdline(pid: int) -> list[str]:

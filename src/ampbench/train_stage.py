@@ -276,7 +276,7 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
                 out.dataset(job, data_dir)
             reset_peak_memory(job.device)
             fit(state, job.data.train, job.data.val, job.policy, cfg, on_epoch=on_epoch, world=job.world)
-            if not sum(r.optimizer_steps for r in progress.records):  # check_steps makes this unreachable
+            if not sum(r.optimizer_steps for r in progress.records):  # a safety net behind check_steps
                 raise AmpbenchError(f"{job.name}: training ran no optimizer step; its results would be untrained")
             record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name)
             paths = out.seed_files(job, checkpoint.state_dict(state), progress.records)
