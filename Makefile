@@ -3,7 +3,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(abspath $(VENV))/bin
-# Stage commands in dvc.yaml call `python`: put the venv first so DVC runs them with it.
+# The venv first on PATH for the targets below (dvc, python, ruff, ampbench); the stages find it themselves
+# (pipeline/python), so `.venv/bin/dvc exp run …` works outside make too.
 export PATH := $(BIN):$(PATH)
 
 .PHONY: install repro test test-fast lint params ui team-server lock clean

@@ -43,15 +43,17 @@ def code_version(model_code: str) -> str:
 
 
 def run_tags() -> dict[str, str]:
-    """Provenance tags for MLflow: git commit and the DVC experiment name when there is one."""
+    """Provenance tags for MLflow: git commit, and the DVC experiment's name and baseline revision (the commit it
+    started from; the commit itself under a plain `dvc repro`), which DVC passes to experiment stages."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                                 cwd=CHECKOUT).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
-    tags = {"git_commit": commit, "mlflow.source.git.commit": commit}
+    tags = {"git_commit": commit, "mlflow.source.git.commit": commit,
+            "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV") or commit}
     if os.environ.get("DVC_EXP_NAME"):
-        tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
+        tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
     return tags
 
 

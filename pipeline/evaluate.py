@@ -1,9 +1,9 @@
 """DVC stage `evaluate`: every arm against the fp32 baseline of the same seed, on the test split.
 
 Run: python pipeline/evaluate.py [--params params.yaml]
-Writes reports/comparison.json (DVC metrics: verdicts, Δ with CI, speed and memory ratios), reports/curves.json
-(DVC plots), reports/report.md, details.json and figures/; adds test metrics and the verdict to each arm's MLflow
-runs and logs one comparison run.
+Writes reports/comparison.json and speed.json (DVC metrics: per arm the verdict, Δaccuracy with CI, speed and
+memory × fp32), reports/curves.json (DVC plots), report.md, details.json and figures/; adds test metrics and the
+verdict to each arm × seed MLflow run and the comparison to the execution's parent run.
 """
 
 from __future__ import annotations

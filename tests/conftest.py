@@ -11,6 +11,8 @@ import pytest
 import torch
 import yaml
 
+from ampbench.params import Params
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pipeline"))  # stage scripts import `_common` as a sibling module
 
@@ -35,7 +37,7 @@ _TINY_OVERRIDES = {
     "evaluate": {"batch_size": 512},
     "mlflow": {"experiment": "ampbench-tests", "log_model": True},
 }
-TINY = _merged(yaml.safe_load((ROOT / "params.yaml").read_text()), _TINY_OVERRIDES)
+TINY = _merged(Params().to_dict(), _TINY_OVERRIDES)  # the schema's defaults, not the workspace's params.yaml
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,6 +48,8 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords:
             item.add_marker(skip)
 
+
+ARM_RUNS = "tags.`ampbench.role` = 'arm'"  # MLflow filter: the arm × seed runs, not the executions' parent runs
 
 PROJECT_FILES = ["pipeline", "src", "examples", "data/raw/README.md", "dvc.yaml", ".dvcignore", ".gitignore",
                  ".dvc/config", ".dvc/.gitignore", ".dvc/plots"]
@@ -69,6 +73,18 @@ def run_ok(cmd: list[str], cwd: Path, env: dict) -> str:
     return proc.stdout + proc.stderr
 
 
+def link_venv(checkout: Path, env: dict[str, str]) -> dict[str, str]:
+    """Make ``checkout`` look like a user's set-up one: this test run's venv at ``.venv`` and PATH without it (no
+    activated venv), so the stages must find their interpreter through pipeline/python. Outside a venv, the
+    interpreter is named in ``AMPBENCH_PYTHON`` instead. Returns the environment to run commands with."""
+    venv = Path(sys.prefix)
+    if not (venv / "pyvenv.cfg").exists():
+        return {**env, "AMPBENCH_PYTHON": sys.executable}
+    if not (checkout / ".venv").exists():
+        (checkout / ".venv").symlink_to(venv, target_is_directory=True)
+    return {**env, "PATH": os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != venv / "bin")}
+
+
 def make_project_repo(repo: Path, params: dict) -> tuple[Path, dict]:
     """A fresh git + DVC repo holding this project's pipeline and ``params``, committed. Returns (repo, env)."""
     import shutil
@@ -82,7 +98,7 @@ def make_project_repo(repo: Path, params: dict) -> tuple[Path, dict]:
         else:
             shutil.copy2(src, dst)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = clean_env()
+    env = link_venv(repo, clean_env())
     run_ok(["git", "init", "-q"], repo, env)
     run_ok(["git", "add", "-A"], repo, env)
     run_ok(["git", "commit", "-qm", "tiny pipeline"], repo, env)

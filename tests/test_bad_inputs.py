@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import TINY, clean_env, run_ok, stage_command
+from conftest import ARM_RUNS, TINY, clean_env, run_ok, stage_command
 from test_cli import _stage
 
 
@@ -236,7 +236,7 @@ def test_disk_full_while_checkpointing(tmp_path, prepared, mlflow_store, monkeyp
     assert [line for line in lines if line.startswith("error:")] == lines[-1:]
     assert "seed0.pt: No space left on device" in lines[-1]
     mlflow.set_tracking_uri(mlflow_store)
-    runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
+    runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list", filter_string=ARM_RUNS)
     assert [r.info.status for r in runs] == ["FAILED"]
     assert "No space left" in runs[0].data.tags["ampbench.error"]
     assert not [p for p in (tmp_path / "out").rglob("*.pt")]
@@ -277,7 +277,7 @@ def test_a_run_with_no_optimizer_step_fails(tmp_path, prepared, mlflow_store, mo
     assert result.stderr.strip().splitlines()[-1] == "error: fp32-seed0: training ran no optimizer step; its " \
                                                      "results would be untrained"
     mlflow.set_tracking_uri(mlflow_store)
-    [run] = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
+    [run] = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list", filter_string=ARM_RUNS)
     assert run.info.status == "FAILED"
     assert not (tmp_path / "out" / "models" / "fp32" / "summary.json").exists()
 

@@ -89,9 +89,10 @@ def test_ui_errors_are_one_line(tmp_path, mlflow_store):
 
 @pytest.mark.slow
 def test_ui_prints_the_link_once_the_server_answers(tmp_path):
-    """The link appears only when /health answers, the server's command line holds no store URI, Ctrl-C stops it."""
+    """`--port 0` picks a free port; the link (with that port) appears only when /health answers, the server's
+    command line holds no store URI, Ctrl-C stops it."""
+    import re
     import signal
-    import socket
     import subprocess
     import sys
     import urllib.request
@@ -99,10 +100,7 @@ def test_ui_prints_the_link_once_the_server_answers(tmp_path):
     from conftest import clean_env
 
     (tmp_path / "params.yaml").write_text("mlflow: {experiment: uitest}\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ui = subprocess.Popen([sys.executable, "-m", "ampbench.cli", "ui", "--root", str(tmp_path), "--port", str(port)],
+    ui = subprocess.Popen([sys.executable, "-m", "ampbench.cli", "ui", "--root", str(tmp_path), "--port", "0"],
                           env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         for line in ui.stdout:
@@ -110,6 +108,8 @@ def test_ui_prints_the_link_once_the_server_answers(tmp_path):
                 break
         else:
             pytest.fail(f"no link; exit {ui.wait()}")
+        port = int(re.match(r"MLflow UI: http://127\.0\.0\.1:(\d+)/#/experiments/", line).group(1))
+        assert port > 0
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).close()  # answers already
         children = subprocess.run(["pgrep", "-P", str(ui.pid)], capture_output=True, text=True).stdout.split()
         assert children
@@ -118,6 +118,39 @@ def test_ui_prints_the_link_once_the_server_answers(tmp_path):
             assert "mlflow.db" not in cmdline and "backend-store-uri" not in cmdline
         ui.send_signal(signal.SIGINT)
         assert ui.wait(timeout=60) == 0
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+
+
+@pytest.mark.slow
+def test_sigterm_to_ui_stops_the_whole_server(tmp_path):
+    """`mlflow server` runs uvicorn workers and job consumers (≈ 200 MB each): a SIGTERM to `ampbench ui` (a
+    supervisor, `kill`, a test's terminate()) must stop every one of them, not leave them orphaned."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import clean_env
+
+    (tmp_path / "params.yaml").write_text("mlflow: {experiment: uitest}\n")
+    ui = subprocess.Popen([sys.executable, "-m", "ampbench.cli", "ui", "--root", str(tmp_path), "--port", "0"],
+                          env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert any(line.startswith("MLflow UI:") for line in ui.stdout)
+        (server,) = subprocess.run(["pgrep", "-P", str(ui.pid)], capture_output=True, text=True).stdout.split()
+        group = subprocess.run(["pgrep", "-g", server], capture_output=True, text=True).stdout.split()
+        assert len(group) > 1, "expected the server to have started workers"
+        ui.send_signal(signal.SIGTERM)
+        assert ui.wait(timeout=60) == 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and [p for p in group if os.path.exists(f"/proc/{p}")]:
+            time.sleep(0.5)
+        left = [p for p in group if os.path.exists(f"/proc/{p}")
+                and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
+        assert left == [], f"server processes left running: {left}"
     finally:
         if ui.poll() is None:
             ui.kill()
@@ -153,13 +186,16 @@ def test_stages_in_process(tmp_path, tiny_params, write_params, mlflow_store):
                                            "--reports", str(reports)])
     assert r.exit_code == 0, r.output + str(r.exception)
     metrics = json.loads((reports / "comparison.json").read_text())
-    assert metrics["tf32"]["status"] == "skipped"
-    assert metrics["fp32"]["delta_accuracy_pp"] == 0.0 and metrics["fp32"]["verdict"] == "baseline"
+    details = json.loads((reports / "details.json").read_text())
+    speed = json.loads((reports / "speed.json").read_text())
+    assert metrics["tf32"] == {"verdict": "skipped"} and "tf32 is a CUDA" in details["tf32"]["reason"]
+    assert metrics["fp32"]["verdict"] == "baseline" and details["fp32"]["delta_accuracy_pp"] == 0.0
     assert 0 <= metrics["bf16"]["test_accuracy"] <= 1
+    assert set(speed) == {"fp32", "bf16"} and set(speed["bf16"]) == {"speedup_vs_fp32", "memory_vs_fp32"}
     # One seed: the interval covers example sampling only, and the verdict says so instead of pretending.
     bf16_row = metrics["bf16"]
     assert bf16_row["delta_accuracy_pp_ci_low"] < bf16_row["delta_accuracy_pp_ci_high"]
-    assert bf16_row["paired_examples"] == len(load_prepared(data).test)  # one seed × every test example
+    assert details["bf16"]["paired_examples"] == len(load_prepared(data).test)  # one seed × every test example
     report = (reports / "report.md").read_text()
     assert "with 1 seed, seed-to-seed variation is not in the interval" in report
     first = report.splitlines()[2]  # the recommendation opens the report; bf16's speed on a CPU varies by CPU
@@ -173,15 +209,29 @@ def test_stages_in_process(tmp_path, tiny_params, write_params, mlflow_store):
     mlflow.set_tracking_uri(mlflow_store)
     runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
     by_name = {run.info.run_name: run for run in runs}
-    assert set(by_name) == {"fp32-seed0", "bf16-seed0", "comparison"}
+    (parent,) = [r for r in runs if r.data.tags.get("ampbench.role") == "execution"]  # one per execution
+    assert set(by_name) == {"fp32-seed0", "bf16-seed0", parent.info.run_name}
+    assert parent.info.run_name.startswith("repro@")  # no DVC experiment: named after the commit
     assert all(run.info.status == "FINISHED" for run in runs)
-    assert by_name["comparison"].data.tags["recommendation"] == first.replace("**", "")
+    for name in ("fp32-seed0", "bf16-seed0"):
+        assert by_name[name].data.tags["mlflow.parentRunId"] == parent.info.run_id
+    from ampbench.fileio import dvc_md5
+
+    p = parent.data
+    assert p.tags["recommendation"] == first.replace("**", "") and "skipped.tf32" in p.tags
+    assert p.tags["verdict.bf16"] == "inconclusive" and p.tags["dvc.data_md5"] == dvc_md5(data)
+    assert p.metrics["bf16.speedup_vs_fp32"] == speed["bf16"]["speedup_vs_fp32"]
+    assert p.metrics["fp32.margin_accuracy_pp"] == details["fp32"]["margin_accuracy_pp"]  # baseline values: once
+    assert p.params["evaluate.confidence"] == "0.95" and p.params["prepare.dataset"] == "digits"
     bf16 = by_name["bf16-seed0"].data
     assert bf16.params["effective.autocast_dtype"] == "bfloat16"
-    assert bf16.tags["verdict"] == "inconclusive" and "arm.speedup_vs_fp32" in bf16.metrics
-    assert bf16.tags["precision"] == "bf16" and "test_accuracy" in bf16.metrics
-    assert bf16.metrics["test_accuracy"] == pytest.approx(metrics["bf16"]["test_accuracy"], abs=1e-6)
-    assert "skipped.tf32" in by_name["comparison"].data.tags
+    assert "prepare.dataset" not in bf16.params and "evaluate.confidence" not in bf16.params  # on the parent
+    assert not [k for k in bf16.metrics if k.startswith(("arm.", "fp32."))]  # arm-level values: on the parent
+    assert bf16.tags["verdict"] == "inconclusive" and bf16.tags["precision"] == "bf16"
+    assert bf16.tags["dvc.data_md5"] == dvc_md5(data)
+    assert bf16.metrics["test_acc"] == pytest.approx(metrics["bf16"]["test_accuracy"], abs=1e-6)
+    assert bf16.metrics["d_acc_pp"] == pytest.approx(metrics["bf16"]["delta_accuracy_pp"], abs=1e-3)  # one seed
+    assert bf16.metrics["speed_x"] == speed["bf16"]["speedup_vs_fp32"]
 
 
 def test_ablation_and_diverged_arms_go_through_the_stages(tmp_path, tiny_params, write_params, mlflow_store):
@@ -204,11 +254,12 @@ def test_ablation_and_diverged_arms_go_through_the_stages(tmp_path, tiny_params,
     r = runner.invoke(_stage("evaluate"), ["--params", params, "--data", str(data), "--models", str(models),
                                            "--reports", str(reports)])
     assert r.exit_code == 0, r.output + str(r.exception)
-    metrics = json.loads((reports / "comparison.json").read_text())
+    metrics = json.loads((reports / "details.json").read_text())
     assert metrics["fp16"]["status"] == "diverged" and "in a row skipped" in metrics["fp16"]["reason"]
     assert "test_accuracy" not in metrics["fp16"]
     assert metrics["fp16_noscaler"]["status"] == "ok" and metrics["fp16_noscaler"]["ablation"] is True
     assert metrics["bf16_pure"]["ablation"] is True and metrics["fp32"]["ablation"] is False
+    assert json.loads((reports / "comparison.json").read_text())["fp16"] == {"verdict": "diverged"}
     table = (reports / "report.md").read_text()
     assert "| fp16 | **diverged**" in table and "| bf16_pure (ablation) |" in table
 
@@ -217,7 +268,8 @@ def test_ablation_and_diverged_arms_go_through_the_stages(tmp_path, tiny_params,
     assert runs["fp16-seed0"].info.status == "FAILED"
     assert "in a row skipped" in runs["fp16-seed0"].data.tags["ampbench.error"]
     assert runs["bf16_pure-seed0"].info.status == "FINISHED"
-    assert "diverged.fp16" in runs["comparison"].data.tags
+    (parent,) = [r for r in runs.values() if r.data.tags.get("ampbench.role") == "execution"]
+    assert "diverged.fp16" in parent.data.tags
     per_layer = json.loads((models / "fp16_noscaler" / "grad_layers-seed0.json").read_text())
     assert "0.weight" in per_layer[0] and "grad_underflow_frac" in per_layer[0]["0.weight"]
 
@@ -226,7 +278,10 @@ def test_sync_params_check_and_rewrite(tmp_path):
     from ampbench.cli import main
 
     (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
-    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    from ampbench.params import Params
+    from ampbench.params_sync import render
+
+    (tmp_path / "params.yaml").write_text(render(Params()))  # not the workspace's: an experiment may have changed it
     runner = CliRunner()
     assert runner.invoke(main, ["sync-params", "--root", str(tmp_path), "--check"]).exit_code == 0
     (tmp_path / "params.yaml").write_text("train:\n  epochs: 2\n")  # no comments, most keys missing

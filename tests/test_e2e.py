@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -43,15 +42,32 @@ def test_repro_writes_every_output(repo):
     shown = json.loads(_dvc("metrics", "show", "--json", repo=repo, env=env))
     data = next(iter(shown.values()))["data"]
     metrics, speed = data["reports/comparison.json"]["data"], data["reports/speed.json"]["data"]
-    assert metrics["fp32"]["verdict"] == "baseline" and speed["fp32"]["speedup_vs_fp32"] == 1.0
+    assert metrics["fp32"]["verdict"] == "baseline" and speed["fp32"]["samples_per_s"] > 0
     assert set(metrics) == set(TINY["train"]["precisions"]) and set(speed) == {"fp32", "fp16", "bf16"}
-    assert metrics["tf32"]["status"] == "skipped"
+    assert metrics["tf32"] == {"verdict": "skipped"}
     for arm in ("fp16", "bf16"):
-        assert metrics[arm]["status"] == "ok" and 0 < metrics[arm]["test_accuracy"] <= 1
+        assert metrics[arm]["verdict"] != "skipped" and 0 < metrics[arm]["test_accuracy"] <= 1
+    columns = sum(len(row) for table in (metrics, speed) for row in table.values())
+    assert columns <= 25, f"{columns} metric columns in `dvc exp show`"
+    # Without a terminal (here: a pipe) training still says how it goes, one line per epoch.
+    assert "[fp16] seed 0 epoch 1/1: train_loss " in out and "left for this arm" in out
+    assert "| fp16 |" in (repo / "reports" / "report.md").read_text()
+
+
+def test_plots_page_works_offline(repo):
+    """`dvc plots show` writes a page with vega inlined (no script from the network), one panel per curve of
+    dvc.yaml (no raw panel of curves.json itself), and whole-number epochs on the x axis."""
+    import re
+
+    repo, env, _ = repo
     _dvc("plots", "show", "-o", "plots_html", repo=repo, env=env)
     html = (repo / "plots_html" / "index.html").read_text()
-    assert "val_accuracy" in html and "fp16-seed0" in html
-    assert "| fp16 |" in (repo / "reports" / "report.md").read_text()
+    assert not re.findall(r"<script[^>]+src=", html) and "cdn.jsdelivr" not in html
+    assert "vega-embed 6.29.0" in html and "vegaEmbed(" in html
+    panels = re.findall(r'<div id = "([^"]+)">', html)
+    wanted = yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
+    assert len(panels) == len(wanted) == 8 and not [p for p in panels if "curves" in p], panels
+    assert "fp16-seed0" in html and '"tickMinStep": 1' in html and '"format": "d"' in html
 
 
 def test_mlflow_store_at_project_root_with_loadable_models(repo):
@@ -60,18 +76,46 @@ def test_mlflow_store_at_project_root_with_loadable_models(repo):
     repo, env, _ = repo
     assert (repo / "mlflow.db").exists() and (repo / "mlartifacts").is_dir()
     runs = {r.info.run_name: r for r in _runs(repo)}
-    assert set(runs) == {"fp32-seed0", "fp16-seed0", "bf16-seed0", "comparison"}
-    for name, run in runs.items():
+    (parent,) = [r for r in runs.values() if r.data.tags["ampbench.role"] == "execution"]
+    assert set(runs) == {"fp32-seed0", "fp16-seed0", "bf16-seed0", parent.info.run_name}
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    data_md5 = next(o["md5"] for o in lock["stages"]["prepare"]["outs"] if o["path"] == "data/prepared")
+    assert parent.data.tags["dvc.data_md5"] == data_md5  # the prepared data's DVC hash
+    for run in runs.values():
         assert run.info.status == "FINISHED"
-        if name != "comparison":
-            assert "test_accuracy" in run.data.metrics and "val_loss" in run.data.metrics
-            assert run.data.tags["git_commit"] != "unknown"
+        if run is not parent:
+            assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+            assert {"test_acc", "d_acc_pp", "val_loss"} <= set(run.data.metrics) and "verdict" in run.data.tags
+            assert run.data.tags["git_commit"] != "unknown" and run.data.tags["dvc.data_md5"] == data_md5
+            assert run.inputs.dataset_inputs[0].dataset.digest == data_md5  # the Dataset column shows it too
     summary = json.loads((repo / "models" / "bf16" / "summary.json").read_text())
     model = mlflow.pytorch.load_model(summary["seeds"]["0"]["model_uri"])
     from ampbench.data import load_prepared
 
     test = load_prepared(repo / "data" / "prepared").test  # stored uint8; the model takes normalised floats
     assert model(test.inputs(test.x[:5])).shape == (5, 10)
+
+
+def test_pages_render_in_headless_chromium(repo, tmp_path):
+    """What the README shows, rendered as a user sees it (scripts/ui_check.py): `dvc plots show`'s page, opened
+    offline, draws every plot of dvc.yaml; the MLflow UI's runs table lists the execution's parent run, the arm
+    runs under it, and takes the README's columns (test_acc, d_acc_pp, speed_x, verdict)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ui_check", ROOT / "scripts" / "ui_check.py")
+    ui_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ui_check)
+    if ui_check.browser() is None:
+        if os.environ.get("AMPBENCH_REQUIRE_CHROMIUM"):
+            pytest.fail("AMPBENCH_REQUIRE_CHROMIUM is set but no Chromium is installed")
+        pytest.skip("no Chromium (Debian: apt-get install chromium; .ci/run installs it)")
+    repo, env, _ = repo
+    runs = _runs(repo)
+    (parent,) = [r for r in runs if r.data.tags["ampbench.role"] == "execution"]
+    assert ui_check.check_plots_page(repo, tmp_path / "plots.png") == []
+    children = [r.info.run_name for r in runs if r is not parent]
+    assert ui_check.check_runs_table(repo, [parent.info.run_name], children, tmp_path / "runs.png", env=env) == []
+    assert (tmp_path / "plots.png").stat().st_size > 20_000 and (tmp_path / "runs.png").stat().st_size > 20_000
 
 
 def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
@@ -83,19 +127,22 @@ def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
     assert "Running stage 'prepare'" not in out
     assert "Running stage 'train@fp32'" in out and "Running stage 'evaluate'" in out
     runs = _runs(repo)
-    tagged = [r for r in runs if r.data.tags.get("dvc_exp_name") == "two-epochs"]
-    assert len(runs) == before + 4 and len(tagged) == 4  # 3 arms (tf32 skipped) + comparison
+    tagged = [r for r in runs if r.data.tags.get("dvc.exp_name") == "two-epochs"]
+    assert len(runs) == before + 4 and len(tagged) == 4  # 3 arms (tf32 skipped) + their parent, named after it
+    (parent,) = [r for r in tagged if r.data.tags["ampbench.role"] == "execution"]
+    assert parent.info.run_name == "two-epochs" and parent.data.tags["verdict.fp16"]
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in tagged if r is not parent)
 
     # A temporary-copy experiment (how queued experiments run): its runs still land in the root store.
     out = _dvc("exp", "run", "--temp", "-S", "train.epochs=3", "-n", "in-temp", repo=repo, env=env)
     runs = _runs(repo)
-    temp = [r for r in runs if r.data.tags.get("dvc_exp_name") == "in-temp"]
+    temp = [r for r in runs if r.data.tags.get("dvc.exp_name") == "in-temp"]
     assert len(temp) == 4 and all(r.info.status == "FINISHED" for r in temp)
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
 
     # Verdict and speed columns in `dvc exp show`, and `ampbench compare` across the two experiments.
     shown = _dvc("exp", "show", "--json", repo=repo, env=env)
-    assert '"verdict": "baseline"' in shown and '"speedup_vs_fp32"' in shown
+    assert '"verdict": "baseline"' in shown and '"speedup_vs_fp32"' in shown and '"agreement_vs_fp32"' not in shown
     from ampbench.experiments import compare_revisions, markdown
 
     result = compare_revisions(["two-epochs", "in-temp"], repo=str(repo))
@@ -105,28 +152,55 @@ def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
     assert "| train.epochs | 2 | 3 |" in markdown(result)
 
 
+def _readme_command(prefix: str) -> str:
+    """The README's command line starting with ``prefix``, continuation lines joined."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(prefix))
+    command = lines[start]
+    while command.endswith("\\"):
+        start += 1
+        command = command[:-1] + lines[start]
+    return command
+
+
+def _run_readme(command: str, repo: Path, env: dict) -> str:
+    """Run a README line as a user would paste it: bash, in the project, PATH without the venv (not activated)."""
+    if not (repo / ".venv").exists():
+        pytest.skip("the tests do not run from a venv, so the project has no .venv for the README's commands")
+    assert str(Path(sys.prefix) / "bin") not in env["PATH"].split(os.pathsep)
+    return run_ok(["bash", "-c", command], repo, env)
+
+
 def test_the_readme_factory_example_runs_and_dvc_tracks_its_code(repo):
-    """The README's `dvc exp run` line for examples/my_model.py, verbatim; then editing the factory's file makes
-    `dvc status` report the train stages as changed."""
+    """The README's `dvc exp run` line for examples/my_model.py, verbatim, in a temporary copy; `dvc exp apply`
+    brings it into the workspace; then editing the factory's file makes `dvc status` report the train stages."""
+    import re
+
+    import mlflow
+
     repo, env, _ = repo
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["train"]["precisions"] = ["fp32", "bf16"]  # time: the command itself is the README's, verbatim
     params["mlflow"]["log_model"] = False
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    lines = (ROOT / "README.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(".venv/bin/dvc exp run -S train.model=examples."))
-    command = lines[start]
-    while command.endswith("\\"):
-        start += 1
-        command = command[:-1] + lines[start]
-    args = shlex.split(command)
-    assert args[:3] == [".venv/bin/dvc", "exp", "run"]
-    out = _dvc(*args[1:], repo=repo, env=env)
+    run_ok(["git", "commit", "-qam", "two arms"], repo, env)
+    before = (repo / "params.yaml").read_text()
+    command = _readme_command(".venv/bin/dvc exp run --temp -S train.model=examples.")
+    out = _run_readme(command, repo, env)
     assert "Running stage 'train@fp32'" in out and "Running stage 'evaluate'" in out
+    assert (repo / "params.yaml").read_text() == before  # --temp: the workspace's params are left alone
+    name = re.search(r"Ran experiment\(s\): (\S+)", out).group(1)
+
+    runs = _runs(repo)
+    (parent,) = [r for r in runs if r.data.tags.get("dvc.exp_name") == name and r.data.tags["ampbench.role"]
+                 == "execution"]
+    report = Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="report.md"))
+    assert "Model `examples.my_model:build` (channels=24, dropout=0.1)" in report.read_text()
+
+    _run_readme(f".venv/bin/dvc exp apply {name}", repo, env)
     summary = json.loads((repo / "models" / "bf16" / "summary.json").read_text())
     assert summary["model"]["name"] == "examples.my_model:build" and summary["model"]["args"] == {
         "channels": 24, "dropout": 0.1}
-    assert "Model `examples.my_model:build` (channels=24, dropout=0.1)" in (repo / "reports" / "report.md").read_text()
     assert "Data and pipelines are up to date" in _dvc("status", repo=repo, env=env)
 
     factory = repo / "examples" / "my_model.py"
@@ -135,6 +209,23 @@ def test_the_readme_factory_example_runs_and_dvc_tracks_its_code(repo):
     for stage in ("train@fp32", "train@bf16"):
         assert f"{stage}:" in status
     assert "modified:           examples/my_model.py" in status
+    factory.write_text(factory.read_text().replace("# an edit\n", ""))
+    run_ok(["git", "checkout", "--", "."], repo, env)  # back to the committed two-arm params for later tests
+
+
+def test_readme_change_params_commands_run_as_written_and_do_not_leak(tmp_path, tiny_params):
+    """The README's cheap `dvc exp run` line and `dvc exp show`, verbatim, without an activated venv: the
+    experiment runs, the workspace's params.yaml is untouched, and the table shows what it changed."""
+    tiny_params["mlflow"]["log_model"] = False
+    repo, env = make_project_repo(tmp_path / "project", tiny_params)
+    committed = (repo / "params.yaml").read_text()
+    out = _run_readme(_readme_command(".venv/bin/dvc exp run --temp -S 'train.precisions=[fp32,bf16]'"), repo, env)
+    assert "Running stage 'train@bf16'" in out and "Running stage 'evaluate'" in out
+    assert (repo / "params.yaml").read_text() == committed
+    shown = _run_readme(_readme_command(".venv/bin/dvc exp show --only-changed"), repo, env)
+    assert "train.seeds" in shown and "verdict" in shown and "train.lr" not in shown
+    runs = _runs(repo)
+    assert {r.info.run_name for r in runs} >= {f"bf16-seed{s}" for s in range(5)}
 
 
 def test_dvc_remote_round_trip(tmp_path, tiny_params):
@@ -193,7 +284,7 @@ def test_real_fashion_mnist_from_debians_files(tmp_path, tiny_params, write_para
     r = CliRunner().invoke(_stage("evaluate"), ["--params", path, "--data", str(data), "--models", str(models),
                                                 "--reports", str(reports)])
     assert r.exit_code == 0, r.output + str(r.exception)
-    comparison = json.loads((reports / "comparison.json").read_text())
+    comparison = json.loads((reports / "details.json").read_text())  # every number (comparison.json: a few)
     assert comparison["fp32"]["test_accuracy"] > 0.4  # 20 steps on 2,000 images: 4× chance (0.1); 0.54 seen
     for arm in ("fp16", "bf16"):
         assert comparison[arm]["paired_examples"] == 2000 and comparison[arm]["verdict"] != "invalid"

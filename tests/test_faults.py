@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, clean_env, make_project_repo, run_ok, stage_command
+from conftest import ARM_RUNS, ROOT, clean_env, make_project_repo, run_ok, stage_command
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def _runs(uri: str):
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    return mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
+    return mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list", filter_string=ARM_RUNS)
 
 
 def _temporaries(root: Path) -> list[Path]:

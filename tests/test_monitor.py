@@ -64,3 +64,15 @@ def test_without_a_scaler_a_non_finite_loss_is_divergence():
     health.check(torch.tensor(3.0), "epoch 1")
     with pytest.raises(Diverged, match="loss became nan"):
         health.check(torch.tensor(float("nan")), "epoch 1")
+
+
+def test_epoch_line_says_where_how_well_how_fast_and_how_long():
+    from types import SimpleNamespace
+
+    from ampbench.monitor import epoch_line
+
+    record = SimpleNamespace(epoch=3, train_loss=0.41234, val_accuracy=0.9631, samples_per_s=12345.6,
+                             epoch_seconds=20.0)
+    assert epoch_line("seed 1", record, 8, 13) == (
+        "seed 1 epoch 3/8: train_loss 0.4123, val_accuracy 0.9631, 12,346 samples/s, 4m20s left for this arm")
+    assert epoch_line("seed 0", record, 8, 200).endswith("1h06m left for this arm")

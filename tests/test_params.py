@@ -4,6 +4,7 @@ the schema (params.yaml, dvc.yaml's params lists) agree with it."""
 import dataclasses
 
 import pytest
+import yaml
 
 from ampbench import arms
 from ampbench.errors import ParamsError
@@ -12,10 +13,21 @@ from ampbench.params_sync import render, render_dvc_yaml, schema, stage_params
 from conftest import ROOT
 
 
+def _committed_params() -> str | None:
+    import subprocess
+
+    done = subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else None
+
+
 def test_params_yaml_is_the_schema_rendered():
-    """The committed params.yaml holds exactly the schema's defaults, in its order, with its docs as comments."""
-    assert load_params(ROOT / "params.yaml") == Params()
-    assert (ROOT / "params.yaml").read_text() == render(Params()), "params.yaml is out of date: run `make params`"
+    """params.yaml holds exactly the schema's defaults, in its order, with its docs as comments: in the workspace,
+    or as committed when a `dvc exp run -S` has left its values in the workspace's copy (a user's experiment must
+    not fail the tests). A schema change without `make params` fails both."""
+    rendered = render(Params())
+    assert rendered in ((ROOT / "params.yaml").read_text(), _committed_params()), (
+        "params.yaml is out of date: run `make params`")
+    assert validate(yaml.safe_load(rendered)) == Params()
 
 
 def test_dvc_yaml_params_lists_are_derived_from_the_schema():

@@ -33,7 +33,7 @@ def test_an_unhealthy_scaler_or_a_non_equivalent_verdict_rules_an_arm_out():
     assert line.startswith("**Recommendation: stay on fp32.**") and code == ""
     assert "fp16: its scaler skipped 300 of 1000 optimizer steps" in line
     assert "bf16: loss inconclusive" in line and "tf32: accuracy worse" in line
-    assert "dvc exp run -S 'train.seeds=[0,1,2,3,4]'" in line  # an inconclusive verdict: more seeds would help
+    assert "dvc exp run --temp -S 'train.seeds=[0,1,2,3,4]'" in line  # an inconclusive verdict: more seeds would help
 
 
 def test_bf16_adopts_with_autocast_only_and_ablations_are_never_recommended():

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import ROOT, clean_env, make_project_repo, run_ok, stage_command
+from conftest import ARM_RUNS, ROOT, clean_env, link_venv, make_project_repo, run_ok, stage_command
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def _runs(uri: str, experiment: str = "ampbench-tests"):
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    return mlflow.search_runs(experiment_names=[experiment], output_format="list")
+    return mlflow.search_runs(experiment_names=[experiment], output_format="list", filter_string=ARM_RUNS)
 
 
 def test_four_concurrent_writers_lose_nothing(tmp_path, params):
@@ -140,7 +140,7 @@ def test_fresh_clone_reproduces_the_committed_metrics(tmp_path, tiny_params):
     run_ok(["git", "commit", "-qm", "results"], repo, env)
     run_ok(["git", "clone", "-q", str(repo), str(tmp_path / "clone")], tmp_path, env)
     clone = tmp_path / "clone"
-    run_ok([*dvc, "repro"], clone, env)
+    run_ok([*dvc, "repro"], clone, link_venv(clone, env))  # a clone gets its own set-up (`make install`)
     committed = (repo / "reports" / "comparison.json").read_text()
     assert (clone / "reports" / "comparison.json").read_text() == committed
 

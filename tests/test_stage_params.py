@@ -25,6 +25,8 @@ READ_NOT_DEPENDED_ON = {
     # weights do not depend on them.
     "train.data_on_device": "train",
     "train.loader_workers": "train",
+    # How often MLflow samples CPU/GPU load into system/* metrics: observation, not results.
+    "mlflow.system_metrics_every": "train",
 }
 
 

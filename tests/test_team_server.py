@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from conftest import clean_env, make_project_repo, run_ok, stage_command
+from conftest import ARM_RUNS, clean_env, make_project_repo, run_ok, stage_command
 
 pytestmark = pytest.mark.slow
 
@@ -54,18 +54,19 @@ def test_pipeline_against_the_server(server, tmp_path, team_params):
     client = MlflowClient(server)
     exp = client.get_experiment_by_name(experiment)
     assert exp.artifact_location.startswith("mlflow-artifacts:")  # artifacts served by the server
-    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
-    assert set(runs) == {"fp32-seed0", "bf16-seed0", "comparison"}
-    for name, run in runs.items():
+    all_runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in all_runs if r.data.tags["ampbench.role"] == "execution"]
+    runs = {r.info.run_name: r for r in all_runs if r is not parent}
+    assert set(runs) == {"fp32-seed0", "bf16-seed0"}
+    assert {"report.md", "figures"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    for run in (parent, *runs.values()):
         assert run.info.status == "FINISHED"
-        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-        if name == "comparison":
-            assert "report.md" in artifacts and "figures" in artifacts
-        else:
-            assert {"seed0.pt", "history-seed0.json"} <= artifacts
-            assert "test_accuracy" in run.data.metrics
-            assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [1]
-    local = client.download_artifacts(runs["comparison"].info.run_id, "report.md", str(tmp_path))
+    for run in runs.values():
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert {"seed0.pt", "history-seed0.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert "test_acc" in run.data.metrics
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == [1]
+    local = client.download_artifacts(parent.info.run_id, "report.md", str(tmp_path))
     assert "| bf16 |" in open(local).read()
     summary = json.loads((repo / "models" / "bf16" / "summary.json").read_text())
     mlflow.set_tracking_uri(server)
@@ -90,7 +91,7 @@ def test_parallel_experiments_lose_nothing(server, tmp_path, team_params, write_
     assert [p.returncode for p in procs] == [0] * 4, "\n".join(o[1][-1500:] for o in outs)
     client = MlflowClient(server)
     exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id])
+    runs = client.search_runs([exp.experiment_id], filter_string=ARM_RUNS)  # not their parent runs
     assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
     for r in runs:
         assert [m.step for m in client.get_metric_history(r.info.run_id, "val_loss")] == [1, 2, 3]

@@ -216,3 +216,96 @@ def test_a_store_failing_while_closing_a_run_leaves_the_original_error(tmp_path,
             raise ValueError("boom")
     assert mlflow.active_run() is None
     assert mlflow.get_run(run_id).info.status == "RUNNING"  # for the next run's close_dead_runs
+
+
+def _finished(arm, parent):
+    with tracking.run(f"{arm}-seed0", {"precision": arm}, {}, parent_id=parent):
+        pass
+
+
+def test_one_parent_per_execution_rerun_gets_a_new_one_added_arm_joins(tmp_path, monkeypatch):
+    """The train stages of one execution share its parent; a rerun of the same execution (every arm again) gets a
+    new parent; an arm added later, or retried after failing, joins the newest parent that lacks it."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    exp = tracking.setup(tmp_path, "t")
+    first = {arm: tracking.execution_parent(exp, "k1", "exp-a", arm, {"dvc.exp_name": "exp-a"}, {"train.lr": "0.1"})
+             for arm in ("fp32", "fp16")}
+    assert first["fp32"] == first["fp16"]
+    parent = first["fp32"]
+    for arm in ("fp32", "fp16"):
+        _finished(arm, parent)
+    run = mlflow.get_run(parent)
+    assert run.info.run_name == "exp-a" and run.info.status == "FINISHED"  # a container: never left RUNNING
+    assert run.data.tags["ampbench.role"] == "execution" and run.data.params == {"train.lr": "0.1"}
+
+    assert tracking.execution_parent(exp, "k1", "exp-a", "bf16", {}, {}) == parent  # an arm added later
+    rerun = tracking.execution_parent(exp, "k1", "exp-a", "fp32", {}, {})  # fp32 again: a new execution
+    assert rerun != parent
+    assert tracking.execution_parent(exp, "k2", "exp-b", "fp16", {}, {}) not in (parent, rerun)  # other inputs
+
+    with pytest.raises(RuntimeError):  # a failed fp16 under the rerun's parent...
+        with tracking.run("fp16-seed0", {"precision": "fp16"}, {}, parent_id=rerun):
+            raise RuntimeError("boom")
+    assert tracking.execution_parent(exp, "k1", "exp-a", "fp16", {}, {}) == rerun  # ...is retried under it
+    children = mlflow.search_runs([exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", output_format="list")
+    assert sorted(r.info.run_name for r in children) == ["fp16-seed0", "fp32-seed0"]
+
+
+def test_an_evaluation_goes_to_the_runs_parent_unless_it_has_another_one(tmp_path, monkeypatch):
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    exp = tracking.setup(tmp_path, "t")
+    parent = tracking.execution_parent(exp, "k", "exp-a", "fp32", {}, {})
+    with tracking.run("fp32-seed0", {"precision": "fp32"}, {}, parent_id=parent) as child:
+        pass
+    assert tracking.evaluation_parent(exp, [child], "e1", "exp-a", {}, {"evaluate.confidence": "0.95"}) == parent
+    assert tracking.evaluation_parent(exp, [child], "e1", "exp-a", {}, {}) == parent  # the same evaluation again
+    other = tracking.evaluation_parent(exp, [child], "e2", "exp-b", {}, {"evaluate.confidence": "0.99"})
+    assert other != parent  # other evaluate params: a parent of its own that says where the arm runs are
+    run = mlflow.get_run(other)
+    assert run.info.run_name == "exp-b" and run.data.tags["ampbench.arm_runs_in"] == parent
+    assert run.data.params == {"evaluate.confidence": "0.99"}
+    tracking.log_to(other, {"fp16.speedup_vs_fp32": 1.5}, {"verdict.fp16": "equivalent"}, {"evaluate.x": "1"})
+    run = mlflow.get_run(other)
+    assert run.data.metrics["fp16.speedup_vs_fp32"] == 1.5 and run.data.tags["verdict.fp16"] == "equivalent"
+
+
+def test_system_metrics_are_sampled_into_the_run(tmp_path, monkeypatch):
+    import time
+
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    tracking.setup(tmp_path, "t")
+    with tracking.run("r", {}, {}, system_metrics_every=0.1) as run_id:
+        time.sleep(2.0)  # ≥ 5 samples: one batch sent while running, the rest flushed at the end
+    metrics = mlflow.get_run(run_id).data.metrics
+    assert "system/cpu_utilization_percentage" in metrics and "system/system_memory_usage_megabytes" in metrics
+    with tracking.run("off", {}, {}, system_metrics_every=0) as run_id:
+        time.sleep(0.3)
+    assert not [k for k in mlflow.get_run(run_id).data.metrics if k.startswith("system/")]
+
+
+def test_dvc_md5_is_the_hash_dvc_records(tmp_path):
+    """fileio.dvc_md5 equals what `dvc add` writes for the same folder (nested files, binary content)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from ampbench.fileio import dvc_md5
+
+    folder = tmp_path / "repo" / "data"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.bin").write_bytes(bytes(range(256)) * 7)
+    (folder / "sub" / "b.txt").write_text("line\r\nline\n")
+    (folder / "Z.json").write_text("{}")
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "add", "-q", "data"], cwd=repo, check=True)
+    recorded = yaml.safe_load((repo / "data.dvc").read_text())["outs"][0]["md5"]
+    assert dvc_md5(folder) == recorded

@@ -50,8 +50,8 @@ def one_line_errors(fn):
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
               help="Project root holding mlflow.db and mlartifacts/ (the pipeline's default store).")
 @click.option("--experiment", default=None, help="Experiment to link to  [default: mlflow.experiment in params.yaml]")
-@click.option("--port", type=click.IntRange(1, 65535), default=5000, show_default=True,
-              help="Port for the UI on 127.0.0.1.")
+@click.option("--port", type=click.IntRange(0, 65535), default=5000, show_default=True,
+              help="Port for the UI on 127.0.0.1; 0 picks a free one.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind. Keep loopback; for remote access use an SSH tunnel, not 0.0.0.0.")
 @click.option("--wait", type=click.FloatRange(1, 600), default=120, show_default=True,
@@ -70,7 +70,7 @@ def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, dr
     root = root.resolve()
     name = experiment or load_params(root / "params.yaml").mlflow.experiment
     if not dry_run:
-        _check_port(host, port)
+        port = _free_port(host, port)
     uri, _ = tracking.store_uris(root)
     exp_id = tracking.setup(root, name)
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port)]
@@ -83,7 +83,9 @@ def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, dr
     _serve(cmd, {**os.environ, "MLFLOW_BACKEND_STORE_URI": uri}, host, port, wait, link)
 
 
-def _check_port(host: str, port: int) -> None:
+def _free_port(host: str, port: int) -> int:
+    """``port`` if it can be bound on ``host`` (one line otherwise, before any server starts); for 0, a port the
+    system picks as free."""
     import socket
 
     from ampbench.errors import AmpbenchError
@@ -93,18 +95,25 @@ def _check_port(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise AmpbenchError(f"cannot serve on {host}:{port} ({exc.strerror}); choose another --port") from None
+        return probe.getsockname()[1]
 
 
 def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: float, link: str) -> None:
-    """Run the server; print ``link`` once /health answers; stop it on Ctrl-C. One-line errors: the server
-    exiting early, no answer within ``wait`` seconds."""
+    """Run the server; print ``link`` once /health answers; stop it on Ctrl-C or SIGTERM. One-line errors: the
+    server exiting early, no answer within ``wait`` seconds.
+
+    The server runs in a process group of its own, and stopping it stops the whole group: `mlflow server` starts
+    uvicorn workers and job consumers (≈ 200 MB each) that outlive their parent when only it is signalled.
+    """
     import subprocess
     import time
     import urllib.request
 
+    from ampbench import procs
     from ampbench.errors import AmpbenchError
 
-    server = subprocess.Popen(cmd, env=env)
+    procs.handle_signals_once()  # SIGTERM (a supervisor, `kill`) unwinds like Ctrl-C: the server is stopped below
+    server = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + wait
         while True:
@@ -124,12 +133,36 @@ def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: floa
     except KeyboardInterrupt:
         pass
     finally:
-        if server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                server.kill()
+        _stop_group(server)
+
+
+def _stop_group(server) -> None:
+    """SIGTERM to the server's process group; SIGKILL to what is left of it after 20 s."""
+    import os
+    import signal
+    import time
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:  # the whole group is gone
+            return
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            server.poll()  # reap the leader, so that the group empties
+            if not _group_alive(server.pid):
+                return
+            time.sleep(0.2)
+
+
+def _group_alive(pgid: int) -> bool:
+    import os
+
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []}, add_help_option=False)

@@ -1,9 +1,10 @@
 """Evaluate stage: every arm against the baseline arm of the same seed on the test split; verdicts; reports.
 
 The per-arm metrics live in metrics.py and stats.py, formatting in report.py, MLflow calls in tracking.py, the
-file names in layout.py. Outputs: reports/comparison.json (DVC metrics: verdicts, Δ with CI, agreement, KL, ECE),
-speed.json (throughput and memory ratios), report.md, details.json (every seed), curves.json (DVC plots) and
-figures/*.png; test metrics and verdicts onto each arm's MLflow runs, and one comparison run.
+file names in layout.py. Outputs: reports/comparison.json (DVC metrics: per arm the verdict, test accuracy, Δ with
+CI), speed.json (speed and memory × fp32), report.md, details.json (every number, every seed), curves.json (DVC
+plots) and figures/*.png; test metrics and verdicts onto each arm × seed MLflow run, the comparison onto the
+execution's parent run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from ampbench.arms import BASELINE, TF32_REFERENCE
 from ampbench.console import log
 from ampbench.data import load_prepared
 from ampbench.errors import AmpbenchError, DataError
-from ampbench.fileio import atomic_savefig, atomic_write_json, atomic_write_text, published_together, read_json
+from ampbench.fileio import (
+    atomic_savefig,
+    atomic_write_json,
+    atomic_write_text,
+    dvc_md5,
+    published_together,
+    read_json,
+)
 from ampbench.layout import ArmFiles, ReportFiles
 from ampbench.model_factory import ModelSpec, build
 from ampbench.params import Params
@@ -211,7 +219,8 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
     advice = recommendation(merged, context)[0].replace("**", "")
     log(advice)
-    _log_evaluation(params, project_root, tags, advice, reports, summaries, comparison, speed, report_files)
+    _log_evaluation(params, project_root, tags, advice, reports, summaries, comparison, speed, report_files,
+                    dvc_md5(data_dir))
     return comparison
 
 
@@ -231,9 +240,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _tables(reports, noise: SeedNoise, margins: Margins) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(comparison.json, speed.json, details.json).
 
-    comparison.json holds what training deterministically produces (verdicts, Δ with CI, agreement, …), so a
-    fresh clone's `dvc repro` reproduces it exactly on CPU; speed.json holds the timings and memory, which never
-    repeat exactly. Both are DVC metrics (columns in `dvc exp show`); details.json has everything per seed.
+    comparison holds what training deterministically produces (verdicts, Δ with CI, agreement, …), so a fresh
+    clone's `dvc repro` reproduces it exactly on CPU; speed holds the timings and memory, which never repeat
+    exactly. Their files (DVC metrics, columns in `dvc exp show`) keep the few columns of ``shown``;
+    details.json has every number, per arm and per seed.
     """
     by_arm = {r.arm: r for r in reports}
     base = by_arm[BASELINE]
@@ -299,11 +309,34 @@ def _tables(reports, noise: SeedNoise, margins: Margins) -> tuple[dict[str, Any]
     return comparison, speed, details
 
 
+# What the DVC metrics files keep per arm: `dvc exp show` draws one column per value, so a handful (≈ 20 for the
+# four main arms) that answer "may I switch?"; every other number is in details.json and the MLflow parent run.
+SHOWN = ("verdict", "test_accuracy", "delta_accuracy_pp", "delta_accuracy_pp_ci_low", "delta_accuracy_pp_ci_high")
+SHOWN_BASELINE = ("verdict", "test_accuracy", "margin_accuracy_pp")
+SPEED_SHOWN = ("speedup_vs_fp32", "memory_vs_fp32")
+
+
+def shown(comparison: dict[str, Any], speed: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The slim comparison.json and speed.json: the columns above, plus skipped optimizer steps where the scaler
+    skipped any; fp32's own throughput instead of ratios to itself."""
+    slim, fast = {}, {}
+    for arm, row in comparison.items():
+        keys = SHOWN_BASELINE if arm == BASELINE else SHOWN
+        slim[arm] = {k: row[k] for k in keys if row.get(k) is not None}
+        if row.get("skipped_steps"):
+            slim[arm]["skipped_steps"] = row["skipped_steps"]
+    for arm, row in speed.items():
+        keys = ("samples_per_s",) if arm == BASELINE else SPEED_SHOWN
+        fast[arm] = {k: row[k] for k in keys if row.get(k) is not None}
+    return slim, fast
+
+
 def _write_reports(reports, comparison, speed, details, context, files: ReportFiles) -> None:
     from ampbench.report import accuracy_delta_figure, curve_rows, curves_figure, markdown_report, speed_memory_figure
 
-    atomic_write_json(files.comparison, comparison)
-    atomic_write_json(files.speed, speed)
+    slim, fast = shown(comparison, speed)
+    atomic_write_json(files.comparison, slim)
+    atomic_write_json(files.speed, fast)
     atomic_write_json(files.details, details)
     atomic_write_json(files.curves, curve_rows(reports))
     merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
@@ -315,35 +348,44 @@ def _write_reports(reports, comparison, speed, details, context, files: ReportFi
 
 
 def _log_evaluation(params, project_root, tags, advice: str, reports, summaries, comparison, speed,
-                    files: ReportFiles) -> None:
-    """Test metrics and the arm's verdict onto each arm's runs; one comparison run with the report and the
-    recommendation (``advice``) as a tag."""
-    tracking.setup(project_root, params.mlflow.experiment)
-    for r in reports:
-        if not r.ran:
-            continue
+                    files: ReportFiles, data_md5: str) -> None:
+    """Onto each arm × seed run: its test metrics, the short sortable columns (``test_acc``, ``d_acc_pp``,
+    ``speed_x``) and the arm's verdict as tags. Onto the execution's parent run (``tracking.evaluation_parent``):
+    every arm's numbers as ``<arm>.<metric>``, the baseline's noise and margins once, the verdicts and the
+    recommendation as tags, the evaluate params, the report and figures."""
+    import hashlib
+    import json
+
+    experiment_id = tracking.setup(project_root, params.mlflow.experiment)
+    run_ids: list[str] = []
+    for r in sorted((r for r in reports if r.ran), key=lambda r: r.arm != BASELINE):  # baseline's runs first
         arm_row = {**comparison[r.arm], **speed[r.arm]}
-        arm_metrics = {f"arm.{k}": v for k, v in arm_row.items() if isinstance(v, (int, float))
-                       and not isinstance(v, bool)}
         arm_tags = {"evaluated": "true", "verdict": arm_row["verdict"], "loss_verdict": arm_row["loss_verdict"]}
         if r.arm != BASELINE:
             arm_tags.update({"verdict_reason": r.stats["verdict_reason"], "vs_seed_noise": r.stats["vs_seed_noise"]})
         for seed, m in r.per_seed.items():
             run_id = summaries[r.arm]["seeds"][str(seed)]["run_id"]
-            if tracking.run_exists(run_id):
-                tracking.update_run(run_id, {**m, **arm_metrics}, arm_tags)
-            else:
+            if not tracking.run_exists(run_id):
                 log(f"[{r.arm}] seed {seed}: run {run_id} is not in this MLflow store; test metrics not attached")
+                continue
+            run_ids.append(run_id)
+            metrics = {k: v for k, v in m.items() if k not in ("test_accuracy", "delta_accuracy_vs_fp32")}
+            metrics.update({"test_acc": round(m["test_accuracy"], 6),
+                            "d_acc_pp": round(100 * m["delta_accuracy_vs_fp32"], 4)})
+            if arm_row.get("speedup_vs_fp32") is not None:
+                metrics["speed_x"] = arm_row["speedup_vs_fp32"]
+            tracking.log_to(run_id, metrics, arm_tags)
     flat = {f"{arm}.{k}": v for table in (comparison, speed) for arm, row in table.items() for k, v in row.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    ctags = {**tags, "ampbench.role": "comparison", "recommendation": advice[:5000],
-             "arms": ",".join(params.train.precisions),
-             "model": summaries[BASELINE]["model"]["name"],
+    ptags = {**tags, "dvc.data_md5": data_md5, "ampbench.evaluated": "true", "recommendation": advice[:5000],
+             "arms": ",".join(params.train.precisions), "model": summaries[BASELINE]["model"]["name"],
              "seeds": ",".join(map(str, params.train.seeds)),
              **{f"verdict.{arm}": row["verdict"] for arm, row in comparison.items()},
              **{f"{r.status}.{r.arm}": r.skipped_reason[:5000] for r in reports if not r.ran}}
-    with tracking.run("comparison" + (f"-{tags['dvc_exp_name']}" if "dvc_exp_name" in tags else ""), ctags,
-                      tracking.flatten("", params.to_dict())):
-        tracking.log_metrics(flat)
-        tracking.log_artifacts(files.tracked)
-        tracking.log_artifacts([files.figures], artifact_path="figures")
+    evaluate_params = tracking.flatten("evaluate", params.evaluate.to_dict())
+    key = hashlib.sha256(json.dumps(evaluate_params, sort_keys=True).encode()).hexdigest()[:24]
+    parent = tracking.evaluation_parent(experiment_id, run_ids, key, tracking.execution_name(tags), ptags,
+                                        evaluate_params)
+    tracking.log_to(parent, flat, ptags, evaluate_params, artifacts=files.tracked,
+                    artifact_dirs={"figures": files.figures})
+    tracking.end_execution(parent)

@@ -77,5 +77,5 @@ class ReportFiles:
 
     @property
     def tracked(self) -> list[Path]:
-        """The files logged as artifacts of the MLflow comparison run (figures go in their own folder)."""
+        """The files logged as artifacts of the execution's MLflow parent run (figures go in their own folder)."""
         return [self.report, self.comparison, self.speed, self.details, self.curves]

@@ -2,7 +2,7 @@
 
 - ``ScalerHealth``: which steps the GradScaler skipped, the longest run of skips, the loss scale, divergence.
 - ``WindowTimer``: throughput over windows of steps bounded by one device sync (also the bench's bare loop).
-- ``Progress``: the tqdm bar, drawn only on a terminal.
+- ``Progress``: the tqdm bar, drawn only on a terminal; ``epoch_line``: the one line per epoch for every output.
 
 Everything per step stays on the device; the host reads numbers only at sampled steps and at epoch ends.
 """
@@ -144,6 +144,15 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def epoch_line(name: str, record, epochs: int, epochs_left: int) -> str:
+    """One line per epoch, also where no bar is drawn (CI, `dvc queue logs`, a log file): who, where, how well,
+    how fast and how long the arm still needs (``epochs_left`` of its epochs × this epoch's time)."""
+    left = round(epochs_left * record.epoch_seconds)
+    eta = f"{left // 3600}h{left % 3600 // 60:02d}m" if left >= 3600 else f"{left // 60}m{left % 60:02d}s"
+    return (f"{name} epoch {record.epoch}/{epochs}: train_loss {record.train_loss:.4f}, val_accuracy "
+            f"{record.val_accuracy:.4f}, {record.samples_per_s:,.0f} samples/s, {eta} left for this arm")
 
 
 @contextlib.contextmanager

@@ -269,6 +269,9 @@ class MlflowParams(_Section):
     experiment: Annotated[str, knob("MLflow experiment name", min_length=1)] = "ampbench"
     log_model: Annotated[bool, knob("mlflow.pytorch.log_model per run (loadable with mlflow.pytorch.load_model)",
                                     stages=("train",))] = True
+    system_metrics_every: Annotated[float, knob(
+        "seconds between MLflow system metrics samples per run (system/*: CPU, memory; GPU utilisation and "
+        "memory on CUDA); 0: off", stages=(), ge=0, le=3600)] = 2.0
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from ampbench.params import SECTION_STAGES, STAGES, Params, load_params
 
 HEADER = """\
 # ampbench parameters: one section per DVC stage (prepare, train, evaluate) plus mlflow.
-# Change any value for one run with:  dvc exp run -S train.epochs=12
+# Change any value for one run with:  .venv/bin/dvc exp run --temp -S train.epochs=12  (the README says more)
 # Defaults and comments come from src/ampbench/params.py: after changing it, run `make params`.
 """
 COMMENT_COLUMN = 27

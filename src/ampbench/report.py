@@ -122,7 +122,7 @@ def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[st
         return line, adoption_code(get_arm(best), "cuda" if context.get("device_type") != "cpu" else "cpu")
     inconclusive = any(c.get("verdict") == "inconclusive" or c.get("loss_verdict") == "inconclusive"
                        for c in candidates.values())
-    more = (" More seeds narrow the intervals: `dvc exp run -S 'train.seeds=[0,1,2,3,4]'`."
+    more = (" More seeds narrow the intervals: `dvc exp run --temp -S 'train.seeds=[0,1,2,3,4]'`."
             if inconclusive else "")
     why = "; ".join(reasons) if reasons else "no mixed-precision arm was trained"
     return f"**Recommendation: stay on fp32.** No arm is both equivalent and faster ({why}).{more}{cpu}", ""

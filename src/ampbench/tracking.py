@@ -1,4 +1,5 @@
-"""The one module that talks to MLflow: store location, runs per arm and seed, evaluation results, comparison run.
+"""The one module that talks to MLflow: store location, a parent run per pipeline execution, runs per arm and seed
+nested under it, evaluation results, system metrics.
 
 Default store: SQLite ``mlflow.db`` plus an ``mlartifacts/`` folder at the project root (absolute paths, so runs
 from ``dvc repro``, ``dvc exp run`` and queued experiments in temporary copies all land in one store);
@@ -291,9 +292,111 @@ def flatten(prefix: str, obj: Any) -> dict[str, str]:
     return {prefix: str(obj)}
 
 
+def execution_name(tags: dict[str, str]) -> str:
+    """A parent run's name: the DVC experiment's, else ``repro@<commit>``."""
+    commit = tags.get("git_commit", "")
+    return tags.get("dvc.exp_name") or (f"repro@{commit[:7]}" if commit and commit != "unknown" else "repro")
+
+
+def execution_parent(experiment_id: str, key: str, name: str, arm: str, tags: dict[str, str],
+                     params: dict[str, str]) -> str:
+    """The parent run that groups one pipeline execution's arm × seed runs (and, after evaluate, its comparison).
+
+    The train stages of one execution run as separate processes; they share ``key`` (what they all train from:
+    params other than the arm list, data, code, DVC experiment). Each takes the newest parent with that key that
+    holds no FINISHED run of ``arm`` yet — a rerun of the same execution (``dvc exp run -f``) gets a new parent, an
+    arm added later or a failed arm retried joins the old one — or creates it. A parent is a container, created
+    FINISHED (nothing to leave RUNNING); ``params`` are logged once, at creation.
+    """
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    with _init_lock(_uri()):  # SQLite: one find-or-create at a time across processes
+        parents = _retry(client.search_runs)(
+            [experiment_id], filter_string=f"tags.`ampbench.execution` = '{key}'",
+            order_by=["attributes.start_time DESC"], max_results=50)
+        for parent in parents:
+            done = _retry(client.search_runs)(
+                [experiment_id], max_results=1,
+                filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and tags.precision = '{arm}' "
+                              "and attributes.status = 'FINISHED'")
+            if not done:
+                return parent.info.run_id
+        return _new_parent(experiment_id, name, {**tags, "ampbench.execution": key}, params)
+
+
+def evaluation_parent(experiment_id: str, run_ids: list[str], evaluate_key: str, name: str, tags: dict[str, str],
+                      params: dict[str, str]) -> str:
+    """The parent run to hold an evaluation of ``run_ids`` (the baseline's runs first): their parent, unless that
+    one already holds an evaluation with other evaluate params (a DVC experiment that only changed those reuses
+    the trained runs): then a new parent, tagged with where the runs are. Runs from before parents existed get
+    a new parent too."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    parent_id = next((client.get_run(r).data.tags.get("mlflow.parentRunId") for r in run_ids if run_exists(r)), None)
+    if parent_id is not None and run_exists(parent_id):
+        evaluated = client.get_run(parent_id).data.tags.get("ampbench.evaluate_key")
+        if evaluated in (None, evaluate_key):
+            _retry(client.set_tag)(parent_id, "ampbench.evaluate_key", evaluate_key)
+            return parent_id
+        tags = {**tags, "ampbench.arm_runs_in": parent_id}
+    return _new_parent(experiment_id, name, {**tags, "ampbench.evaluate_key": evaluate_key}, params)
+
+
+def end_execution(run_id: str) -> None:
+    """The parent run ends now: its Duration in the UI becomes the execution's, first stage to evaluation."""
+    from mlflow.tracking import MlflowClient
+
+    _retry(MlflowClient().set_terminated)(run_id, "FINISHED", end_time=int(time.time() * 1000))
+
+
+def _new_parent(experiment_id: str, name: str, tags: dict[str, str], params: dict[str, str]) -> str:
+    from mlflow.entities import Param
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    tags = {**tags, "ampbench.role": "execution", "ampbench.tracking_uri": redact(_uri())}
+    run = _retry(client.create_run)(experiment_id, run_name=name, tags=tags)
+    items = [Param(k, v) for k, v in params.items()]
+    for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+        _retry(client.log_batch)(run.info.run_id, params=items[start:start + 100])
+    _retry(client.set_terminated)(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+def _uri() -> str:
+    import mlflow
+
+    return mlflow.get_tracking_uri()
+
+
+def log_to(run_id: str, metrics: dict[str, float], tags: dict[str, str], params: dict[str, str] | None = None,
+           artifacts: list[Path] = (), artifact_dirs: dict[str, Path] | None = None) -> None:
+    """Metrics, tags, params and files onto an existing (finished) run without reopening it."""
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client, now = MlflowClient(), int(time.time() * 1000)
+    metric_items = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+    for start in range(0, len(metric_items), 1000):
+        _retry(client.log_batch)(run_id, metrics=metric_items[start:start + 1000])
+    _retry(client.log_batch)(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+    param_items = [Param(k, v) for k, v in (params or {}).items()]
+    for start in range(0, len(param_items), 100):
+        _retry(client.log_batch)(run_id, params=param_items[start:start + 100])
+    for path in artifacts:
+        _retry(client.log_artifact)(run_id, str(path))
+    for folder_name, folder in (artifact_dirs or {}).items():
+        _retry(client.log_artifacts)(run_id, str(folder), artifact_path=folder_name)
+
+
 @contextmanager
-def run(name: str, tags: dict[str, str], params: dict[str, str], run_id: str | None = None) -> Iterator[str]:
-    """Start a run (or reopen ``run_id`` when resuming) and yield its id.
+def run(name: str, tags: dict[str, str], params: dict[str, str], run_id: str | None = None,
+        parent_id: str | None = None, system_metrics_every: float = 0) -> Iterator[str]:
+    """Start a run (or reopen ``run_id`` when resuming) and yield its id; a new run nests under ``parent_id``.
+    With ``system_metrics_every`` > 0, MLflow samples CPU, memory (and the GPU's utilisation and memory) every that
+    many seconds into ``system/*`` metrics.
 
     It ends FINISHED, FAILED (error as a tag) or KILLED (SIGINT/SIGTERM, which raise KeyboardInterrupt here; later
     signals are held off until the KILLED status is written). If the store itself fails, the run is left for a
@@ -303,10 +406,12 @@ def run(name: str, tags: dict[str, str], params: dict[str, str], run_id: str | N
 
     tags = {**tags, "ampbench.tracking_uri": redact(mlflow.get_tracking_uri()),  # never with a password
             **procs.Identity.current().tags()}
+    system = _system_metrics(system_metrics_every)
     if run_id is not None and run_exists(run_id):
-        active = _retry(mlflow.start_run)(run_id=run_id, tags=tags)
+        active = _retry(mlflow.start_run)(run_id=run_id, tags=tags, log_system_metrics=system)
     else:
-        active = _retry(mlflow.start_run)(run_name=name, tags=tags)
+        active = _retry(mlflow.start_run)(run_name=name, tags=tags, parent_run_id=parent_id,
+                                          log_system_metrics=system)
     run_id = active.info.run_id
     with _signals_raise():
         try:
@@ -320,6 +425,22 @@ def run(name: str, tags: dict[str, str], params: dict[str, str], run_id: str | N
             raise
         else:
             _close("FINISHED", {}, strict=True)
+
+
+def _system_metrics(every: float) -> bool:
+    """Configure MLflow's system metrics sampler (a thread in this process) for ``every`` seconds; False: off.
+    Samples are sent in batches of five, at most one store write per 5 × ``every`` seconds."""
+    if every <= 0:
+        return False
+    import logging
+
+    from mlflow import system_metrics
+
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no "Started monitoring…" per run
+
+    system_metrics.set_system_metrics_sampling_interval(every)
+    system_metrics.set_system_metrics_samples_before_logging(5)
+    return True
 
 
 @contextmanager
@@ -350,7 +471,11 @@ def _close(status: str, tags: dict[str, str], strict: bool = False) -> None:
     # find the run gone, and nothing else in this process may end it with another status.
     fluent._active_run_stack.get().pop()
     client, run_id = MlflowClient(), run.info.run_id
+    # The system metrics sampler stops by itself once it sees the run ended; on a normal end, flush it first.
+    monitor = fluent.run_id_to_system_metrics_monitor.pop(run_id, None)
     try:
+        if monitor is not None and strict:
+            monitor.finish()
         for key, value in tags.items():
             _retry(client.set_tag)(run_id, key, value)
         _retry(client.set_terminated)(run_id, status)
@@ -397,8 +522,8 @@ def log_metrics(metrics: dict[str, float]) -> None:
     _retry(mlflow.log_metrics)({k: float(v) for k, v in metrics.items()})
 
 
-def log_dataset(meta: dict[str, Any], source_dir: Path) -> None:
-    """Fill the runs table's Dataset column: name, content checksum and where the prepared files are."""
+def log_dataset(name: str, digest: str, source_dir: Path) -> None:
+    """Fill the runs table's Dataset column: name, digest (the prepared data's DVC hash) and where it is."""
     import mlflow
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
@@ -406,7 +531,7 @@ def log_dataset(meta: dict[str, Any], source_dir: Path) -> None:
     with warnings.catch_warnings():  # "can be interpreted in multiple ways": both readings are the local path
         warnings.simplefilter("ignore", UserWarning)
         source = resolve_dataset_source(str(Path(source_dir).resolve()))
-    dataset = MetaDataset(source=source, name=meta["dataset"], digest=meta["checksum"][:16])
+    dataset = MetaDataset(source=source, name=name, digest=digest[:36])  # MLflow stores at most 36 characters
     _retry(mlflow.log_input)(dataset, context="training")
 
 
@@ -431,19 +556,6 @@ def log_model(model, input_example, requirements: list[str]) -> str:
     info = _retry(mlflow.pytorch.log_model)(model, name="model", input_example=input_example,
                                             pip_requirements=requirements)
     return info.model_uri
-
-
-def update_run(run_id: str, metrics: dict[str, float], tags: dict[str, str]) -> None:
-    """Add metrics and tags to an existing (finished) run without reopening it."""
-    from mlflow.entities import Metric, RunTag
-    from mlflow.tracking import MlflowClient
-
-    now = int(time.time() * 1000)
-    _retry(MlflowClient().log_batch)(
-        run_id,
-        metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
-        tags=[RunTag(k, str(v)) for k, v in tags.items()],
-    )
 
 
 def run_exists(run_id: str) -> bool:

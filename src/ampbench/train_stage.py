@@ -23,12 +23,12 @@ from ampbench.console import log
 from ampbench.data import Prepared, load_prepared
 from ampbench.determinism import seed_everything, set_deterministic
 from ampbench.errors import AmpbenchError, ArmUnavailable, ParamsError, StoreError
-from ampbench.fileio import atomic_write_json
+from ampbench.fileio import atomic_write_json, dvc_md5
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.layout import ArmFiles
 from ampbench.loader import batches_per_epoch, keep_on_device
 from ampbench.model_factory import ModelSpec, build, inspect_model
-from ampbench.monitor import Diverged
+from ampbench.monitor import Diverged, epoch_line
 from ampbench.params import Params
 from ampbench.precision import PrecisionPolicy, cudnn_legacy_flags_readable, resolve_device, resolve_policy
 from ampbench.training import EpochRecord, LoopConfig, TrainState, fit, init_state, throughput
@@ -67,16 +67,24 @@ class ArmOutputs:
                  enabled: bool):
         self.arm, self.files, self.resume_dir = arm, files, resume_dir
         self.project_root, self.tags, self.enabled = project_root, tags, enabled
+        self.parent: str | None = None  # the execution's parent run (tracking.execution_parent)
 
     def log(self, msg: str) -> None:
         if self.enabled:
             log(f"[{self.arm}] {msg}")
 
-    def open(self, experiment: str) -> None:
-        """Before any training: the output folder, and the MLflow store checked and ready."""
+    def open(self, params: Params, execution: str) -> None:
+        """Before any training: the output folder, the MLflow store checked and ready, and the parent run of this
+        pipeline execution (``execution``: its key) found or made, named after the DVC experiment or the commit.
+        The values every arm shares (prepare.*, mlflow.*) are its params, not each arm run's."""
         if self.enabled:
             self.files.root.mkdir(parents=True, exist_ok=True)
-            tracking.setup(self.project_root, experiment)
+            experiment_id = tracking.setup(self.project_root, params.mlflow.experiment)
+            shared = {k: v for k, v in params.to_dict().items() if k != "evaluate"}
+            shared["train"] = {k: v for k, v in shared["train"].items() if k != "precisions"}
+            self.parent = tracking.execution_parent(experiment_id, execution, tracking.execution_name(self.tags),
+                                                    self.arm, self.tags,
+                                                    tracking.flatten("", shared))
 
     def run(self, job: SeedJob, run_id: str | None):
         """The seed's MLflow run (reopened when ``run_id`` is given), as a context yielding its id."""
@@ -84,17 +92,19 @@ class ArmOutputs:
             return contextlib.nullcontext(run_id)
         hw = fingerprint(job.device)
         world = str(job.world.size)
-        params = {**tracking.flatten("", job.params.to_dict()), **tracking.flatten("effective", job.policy.describe()),
+        params = {**tracking.flatten("train", job.params.train.to_dict()),
+                  **tracking.flatten("effective", job.policy.describe()),
                   **tracking.flatten("model", {k: job.model[k] for k in ("kind", "parameters", "flops_per_sample")}),
                   "seed": str(job.seed), "dataset.checksum": job.data.meta["checksum"], "world_size": world}
         tags = {**self.tags, "precision": job.arm, "seed": str(job.seed), "device": hw["device_name"],
                 "ablation": str(job.policy.ablation).lower(), "world_size": world,
                 **{f"hw.{k}": v for k, v in hw.items()}, "ampbench.role": "arm"}
-        return tracking.run(job.name, tags, params, run_id=run_id)
+        return tracking.run(job.name, tags, params, run_id=run_id, parent_id=self.parent,
+                            system_metrics_every=job.params.mlflow.system_metrics_every)
 
     def dataset(self, job: SeedJob, data_dir: Path) -> None:
         if self.enabled:
-            tracking.log_dataset(job.data.meta, data_dir)
+            tracking.log_dataset(job.data.meta["dataset"], self.tags["dvc.data_md5"], data_dir)
 
     def epoch(self, job: SeedJob, state: TrainState, progress: resume.Progress) -> None:
         """After an epoch: its metrics to MLflow, then the resume checkpoint (a crash in between repeats the
@@ -156,7 +166,9 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
     device = resolve_device(params.train.device)
     world = distributed.init(device.type)  # one process, or this rank of a torchrun job
     device = distributed.device_for(world, device)
-    out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, tags, enabled=world.is_main)
+    data_md5 = dvc_md5(data_dir)  # the prepared data's hash as DVC records it: a tag, and the dataset's digest
+    out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, {**tags, "dvc.data_md5": data_md5},
+                     enabled=world.is_main)
     try:
         data = load_prepared(data_dir)
         check_steps(params, data, world)
@@ -168,7 +180,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
             summary = {"arm": arm, "skipped": str(exc), "hardware": fingerprint(device), "model": model}
             out.finished(summary, {})
             return summary
-        out.open(params.mlflow.experiment)
+        out.open(params, execution_key(params, data_md5, code_version, tags))
         seeds = {}
         try:
             for seed in params.train.seeds:
@@ -185,6 +197,18 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         return summary
     finally:
         distributed.shutdown(world)
+
+
+def execution_key(params: Params, data_md5: str, code_version: str, tags: dict[str, str]) -> str:
+    """What every train stage of one pipeline execution shares (so they find one parent run): the training params
+    but the arm list, the data, the code and the DVC experiment with its baseline."""
+    import hashlib
+    import json
+
+    train = {k: v for k, v in params.train.to_dict().items() if k not in ("precisions", "progress")}
+    shared = {"train": train, "mlflow": params.mlflow.to_dict(), "data": data_md5, "code": code_version,
+              "exp": tags.get("dvc.exp_name"), "rev": tags.get("dvc.baseline_rev")}
+    return hashlib.sha256(json.dumps(shared, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 def check_steps(params: Params, data: Prepared, world: distributed.World) -> None:
@@ -264,9 +288,13 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
     if job.params.train.compile:
         state.model = torch.compile(state.model)
 
+    tp = job.params.train
+    later_seeds = len(tp.seeds) - 1 - tp.seeds.index(job.seed)
+
     def on_epoch(record: EpochRecord, st: TrainState) -> None:
         progress.records.append(record)
         out.epoch(job, st, progress)
+        out.log(epoch_line(f"seed {job.seed}", record, tp.epochs, tp.epochs - record.epoch + later_seeds * tp.epochs))
 
     fresh = prior is None
     try:
