@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import clean_env, run_ok, stage_command
+from conftest import ARM_RUNS, clean_env, run_ok, stage_command
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,10 @@ def test_two_gloo_processes_match_one_process(tmp_path, tiny_params, write_param
     import mlflow
 
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
+    runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list", filter_string=ARM_RUNS)
     ddp_runs = [r for r in runs if r.data.params.get("world_size") == "2"]
     assert len(runs) == 2 and len(ddp_runs) == 1  # only rank 0 talks to MLflow
+    parents = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list",
+                                 filter_string="tags.`ampbench.role` = 'execution'")
+    assert len(parents) == 2  # one per execution (other params: nproc_per_node), none from rank 1
     assert ddp_runs[0].info.status == "FINISHED" and ddp_runs[0].data.tags["world_size"] == "2"

@@ -271,7 +271,7 @@ class MlflowParams(_Section):
                                     stages=("train",))] = True
     system_metrics_every: Annotated[float, knob(
         "seconds between MLflow system metrics samples per run (system/*: CPU, memory; GPU utilisation and "
-        "memory on CUDA); 0: off", stages=(), ge=0, le=3600)] = 2.0
+        "memory on CUDA); 0: off", stages=(), ge=0, le=3600)] = 1.0
 
 
 @dataclass(frozen=True)
