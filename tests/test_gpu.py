@@ -106,3 +106,17 @@ def test_channels_last_and_compiled_arms_train(data, options):
     train, val, _ = data
     _, _, records = _train("bf16", train, val, **options)
     assert records[-1].val_accuracy > 0.9 and records[-1].train_loss < records[0].train_loss
+
+
+@pytest.mark.parametrize("arm, dtype", [("fp32", "float32"), ("tf32", "tf32"), ("fp16", "float16"),
+                                        ("bf16", "bfloat16")])
+def test_flops_are_counted_in_the_dtype_the_gpu_computed_in(arm, dtype):
+    """Proof of what ran on CUDA: every matmul/conv FLOP of small_cnn in the arm's dtype, TF32 only in tf32."""
+    from ampbench.numerics import count_step_flops
+
+    policy = resolve_policy(arm, CUDA)
+    policy.apply_backend_flags()
+    model = policy.prepare_model(build_builtin("small_cnn", (3, 16, 16), 4, 16).to(CUDA))
+    counted = count_step_flops(model, policy, torch.randn(8, 3, 16, 16, device=CUDA),
+                               torch.randint(0, 4, (8,), device=CUDA))
+    assert counted["total"] > 0 and counted["by_dtype"] == {dtype: counted["total"]}

@@ -166,9 +166,9 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
         if s["skipped"] or s.get("diverged"):
             reason = s["skipped"] or "; ".join(f"seed {k}: {v}" for k, v in s["diverged"].items())
             reports.append(ArmReport(arm, skipped_reason=reason, status="skipped" if s["skipped"] else "diverged",
-                                     ablation=s.get("ablation", False)))
+                                     ablation=s.get("ablation", False), numerics=_numerics(s)))
             continue
-        policy = resolve_policy(arm, device)
+        policy = resolve_policy(arm, device, tp.fp32_modules)
         arm_files = ArmFiles(models_dir / arm)
         histories = read_json(arm_files.history, _RETRAIN)
         if not isinstance(histories, dict):
@@ -190,7 +190,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
                                  train={k: s.get(k) for k in ("samples_per_s", "peak_memory_mb", "skipped_steps",
                                                               "optimizer_steps", "input_path", "input_wait_share",
                                                               "policy")},
-                                 ablation=s.get("ablation", False)))
+                                 ablation=s.get("ablation", False), numerics=_numerics(s)))
     ev = params.evaluate
     noise = seed_noise(ref, test_y)
     margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
@@ -224,6 +224,18 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     return comparison
 
 
+def _numerics(summary: dict) -> dict[str, Any]:
+    """An arm's numerics from its summary.json: FLOPs by dtype of one counted step, the GPU's dense peak for the
+    dtype most FLOPs ran in (None on CPUs and unknown GPUs), the first non-finite module per seed, the activation
+    table (closest to fp16's top first)."""
+    from ampbench.hardware import peak_tflops
+
+    flops = summary.get("flops")
+    peak = peak_tflops(summary["hardware"]["device_name"], flops["dominant_dtype"]) if flops else None
+    return {"flops": flops, "peak_tflops": peak, "first_nonfinite": summary.get("first_nonfinite") or {},
+            "activations": summary.get("activations") or []}
+
+
 def _pp(fraction: float | None) -> float | None:
     """A fraction as percentage points, rounded for the metrics files."""
     return None if fraction is None else round(100 * fraction, 4)
@@ -253,8 +265,9 @@ def _tables(reports, noise: SeedNoise, margins: Margins) -> tuple[dict[str, Any]
     details: dict[str, Any] = {}
     for r in reports:
         if not r.ran:
-            comparison[r.arm] = details[r.arm] = {"status": r.status, "verdict": r.status, "ablation": r.ablation,
-                                                  "reason": r.skipped_reason}
+            comparison[r.arm] = {"status": r.status, "verdict": r.status, "ablation": r.ablation,
+                                 "reason": r.skipped_reason}
+            details[r.arm] = {**comparison[r.arm], "numerics": r.numerics}
             continue
         st, s, t = r.stats, r.summary, r.train
         acc, loss = st["delta_accuracy_vs_fp32"], st["delta_loss_vs_fp32"]
@@ -280,6 +293,9 @@ def _tables(reports, noise: SeedNoise, margins: Margins) -> tuple[dict[str, Any]
             "skipped_steps": t["skipped_steps"],
             "optimizer_steps": t.get("optimizer_steps"),
         }
+        flops = r.numerics.get("flops")
+        if flops:  # counted, so deterministic: it belongs with the comparison, not the timings
+            row["low_precision_flop_share"] = round(flops["low_precision_share"], 6)
         if r.arm == BASELINE:  # the noise floor and the margins in use, once; no interval of fp32 against itself
             for key in ("delta_accuracy_pp_ci_low", "delta_accuracy_pp_ci_high", "delta_loss_ci_low",
                         "delta_loss_ci_high"):
@@ -300,12 +316,17 @@ def _tables(reports, noise: SeedNoise, margins: Margins) -> tuple[dict[str, Any]
             "memory_vs_fp32": _ratio(t["peak_memory_mb"], base.train["peak_memory_mb"]),
             "input_wait_share": _round(t.get("input_wait_share"), 4),
         }
+        if flops:  # achieved FLOP/s: counted FLOPs per sample × samples/s; against the GPU's peak when known
+            timing["achieved_tflops"] = round(flops["per_sample"] * t["samples_per_s"] / 1e12, 6)
+            if r.numerics.get("peak_tflops"):
+                timing["peak_share"] = round(timing["achieved_tflops"] / r.numerics["peak_tflops"], 6)
         if tf32 is not None:
             timing["speedup_vs_tf32"] = _ratio(t["samples_per_s"], tf32.train["samples_per_s"])
             timing["memory_vs_tf32"] = _ratio(t["peak_memory_mb"], tf32.train["peak_memory_mb"])
         comparison[r.arm] = {k: v for k, v in row.items() if v is not None}
         speed[r.arm] = {k: v for k, v in timing.items() if v is not None}
-        details[r.arm] = {**row, **timing, "statistics": st, "mean_and_std": s, "per_seed": r.per_seed, "train": t}
+        details[r.arm] = {**row, **timing, "statistics": st, "mean_and_std": s, "per_seed": r.per_seed, "train": t,
+                          "numerics": r.numerics}
     return comparison, speed, details
 
 

@@ -83,3 +83,31 @@ def available_memory(device: torch.device) -> int:
         return int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+# Dense (no sparsity) peak tensor/FMA throughput in TFLOP/s by dtype, from NVIDIA's datasheets. A name matches when
+# every word of the key is in the device name (torch.cuda.get_device_name), first match wins: specific keys first.
+# float16 is the tensor-core rate with float32 accumulation, which is what autocast's matmuls use.
+GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"float16": 989.4, "bfloat16": 989.4, "tf32": 494.7, "float32": 66.9},
+    "H100 PCIe": {"float16": 756.0, "bfloat16": 756.0, "tf32": 378.0, "float32": 51.2},
+    "H100 HBM3": {"float16": 989.4, "bfloat16": 989.4, "tf32": 494.7, "float32": 66.9},  # SXM: "H100 80GB HBM3"
+    "A100": {"float16": 312.0, "bfloat16": 312.0, "tf32": 156.0, "float32": 19.5},
+    "A10": {"float16": 125.0, "bfloat16": 125.0, "tf32": 62.5, "float32": 31.2},
+    "L40S": {"float16": 362.1, "bfloat16": 362.1, "tf32": 183.0, "float32": 91.6},
+    "L4": {"float16": 121.0, "bfloat16": 121.0, "tf32": 60.0, "float32": 30.3},
+    "V100": {"float16": 125.0, "float32": 15.7},
+    "T4": {"float16": 65.0, "float32": 8.1},
+}
+
+
+def peak_tflops(device_name: str, dtype: str) -> float | None:
+    """The dense peak TFLOP/s of this GPU for ``dtype`` (float16 | bfloat16 | tf32 | float32); None for CPUs,
+    unknown GPUs and dtypes the GPU has no rate for."""
+    if device_name.startswith("CPU"):
+        return None
+    words = device_name.replace("-", " ").split()
+    for key, peaks in GPU_PEAK_TFLOPS.items():
+        if all(w in words for w in key.split()):
+            return peaks.get(dtype)
+    return None

@@ -41,6 +41,10 @@ class ArmFiles:
         """Per-epoch, per-parameter gradient range shares."""
         return self.root / f"grad_layers-seed{seed}.json"
 
+    def activations(self, seed: int) -> Path:
+        """Per-module output ranges over the sampled steps (numerics.merge_tables), closest to fp16's top first."""
+        return self.root / f"activations-seed{seed}.json"
+
 
 @dataclass(frozen=True)
 class ReportFiles:

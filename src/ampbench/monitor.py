@@ -19,7 +19,12 @@ from ampbench.params import DivergenceParams
 
 
 class Diverged(AmpbenchError):
-    """Training of one arm went numerically wrong; the message says how."""
+    """Training of one arm went numerically wrong; the message says how. ``culprit``: the first module that went
+    non-finite (numerics.Culprit.to_dict), ``activations``: the epoch's per-module table so far."""
+
+    def __init__(self, message: str, culprit: dict | None = None, activations: list | None = None):
+        super().__init__(message)
+        self.culprit, self.activations = culprit, activations or []
 
 
 def sync(device: torch.device) -> None:
@@ -54,9 +59,15 @@ class ScalerHealth:
         yield
         if before is not None:
             was_skipped = (self.scaler._scale < before).long()
+            self.last_skipped = was_skipped
             self.skipped += was_skipped
             self.run = (self.run + was_skipped) * was_skipped
             self.longest = torch.maximum(self.longest, self.run)
+
+    def went_bad(self, loss: torch.Tensor) -> torch.Tensor:
+        """Whether the step just run was bad (on the device): the scaler skipped it, or its loss is not finite."""
+        bad = ~torch.isfinite(loss.detach())
+        return bad | self.last_skipped.bool() if self.enabled else bad
 
     @property
     def loss_scale(self) -> float:

@@ -74,6 +74,13 @@ def at_least(bound: float, most: float | None = None):
     return Field(ge=bound, le=most)
 
 
+def text(most: int):
+    """Bounds for one string of a list: not empty, at most ``most`` characters."""
+    from pydantic import Field
+
+    return Field(min_length=1, max_length=most)
+
+
 # Upper bounds are what a machine can honour: NumPy seeds are 32-bit; counts and sizes beyond these would take
 # days or more memory than any machine has, and are far more likely a typo than a plan.
 SEED_MAX = 2**32 - 1
@@ -227,7 +234,12 @@ class TrainParams(_Section):
     cudnn_benchmark: Annotated[bool, knob("cuDNN autotuning; needs deterministic: false")] = False
     clip_grad_norm: Annotated[float | None, knob("e.g. 1.0: clip the true (unscaled) gradient norm", gt=0,
                                                  le=1e12)] = None
-    telemetry_every: Annotated[int, knob("steps between gradient underflow/overflow samples and divergence checks",
+    fp32_modules: Annotated[list[Annotated[str, text(500)]], knob(
+        "module name patterns (e.g. [blocks.*.attn, head]) that 16-bit arms run in float32, outside autocast: the "
+        "fix for a layer that overflows (the report names it and gives the -S line)", stages=("train", "evaluate"),
+        max_length=1000)] = field(default_factory=list)
+    telemetry_every: Annotated[int, knob("steps between sampled steps: gradient and activation ranges, the "
+                                         "divergence check, the first non-finite module",
                                          ge=1, le=10**9)] = 10
     loss_multiplier: Annotated[float, knob("< 1 shrinks gradients toward fp16's underflow range (stress test of "
                                            "the scaler); reported losses stay unscaled", gt=0, le=1e6)] = 1.0

@@ -10,6 +10,7 @@ What each arm means is data in ``arms.py``; the README's "precision arms" table 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 from dataclasses import dataclass
 
 import torch
@@ -30,10 +31,20 @@ class PrecisionPolicy:
     tf32: bool  # TF32 tensor-core math for fp32 matmuls and convolutions
     param_dtype: torch.dtype = torch.float32  # float16/bfloat16 only for the *_pure ablations
     ablation: bool = False
+    fp32_modules: tuple[str, ...] = ()  # train.fp32_modules: name patterns kept in float32 (16-bit arms only)
+
+    @property
+    def low_precision(self) -> bool:
+        """Whether this arm computes in a 16-bit type anywhere (autocast or 16-bit weights)."""
+        return self.autocast_dtype is not None or self.param_dtype != torch.float32
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The model in this arm's parameter dtype (float32 except for the *_pure ablations)."""
-        return model.to(self.param_dtype)
+        """The model in this arm's parameter dtype (float32 except for the *_pure ablations), with the modules
+        ``fp32_modules`` names run in float32 (``keep_float32``) when the arm computes in 16 bits."""
+        model = model.to(self.param_dtype)
+        if self.fp32_modules and self.low_precision:
+            keep_float32(model, float32_matches(model, self.fp32_modules), self.device_type, self.param_dtype)
+        return model
 
     def cast_input(self, x: torch.Tensor) -> torch.Tensor:
         """Inputs in the parameter dtype; a no-op for every arm with float32 weights."""
@@ -80,6 +91,7 @@ class PrecisionPolicy:
             "grad_scaler": "on" if self.use_scaler else "off",
             "param_dtype": str(self.param_dtype).removeprefix("torch."),
             "ablation": str(self.ablation).lower(),
+            "fp32_modules": ",".join(self.fp32_modules) if self.fp32_modules and self.low_precision else "none",
             "cuda_matmul_fp32_precision": torch.backends.cuda.matmul.fp32_precision,
             "cudnn_conv_fp32_precision": torch.backends.cudnn.conv.fp32_precision,
             "onednn_matmul_fp32_precision": torch.backends.mkldnn.matmul.fp32_precision,
@@ -104,22 +116,71 @@ def cudnn_legacy_flags_readable():
         conv.fp32_precision, rnn.fp32_precision = saved
 
 
+def float32_matches(model: torch.nn.Module, patterns: tuple[str, ...] | list[str]) -> list[str]:
+    """The module names (``model.named_modules()``) that any of ``patterns`` matches, as a shell pattern
+    (``blocks.*.attn``) or exactly; ValueError naming a pattern that matches nothing (a typo would silently keep
+    everything in 16 bits)."""
+    names = [n for n, _ in model.named_modules() if n]
+    matched = []
+    for pattern in patterns:
+        hits = [n for n in names if n == pattern or fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
+            close = ", ".join(n for n in names if pattern.split(".")[-1] in n)[:300] or ", ".join(names[:12])
+            raise ValueError(f"train.fp32_modules: {pattern!r} matches no module of the model (modules: {close})")
+        matched += [h for h in hits if h not in matched]
+    # A match inside a matched module is already covered by it.
+    return [n for n in matched if not any(n.startswith(m + ".") for m in matched)]
+
+
+def keep_float32(model: torch.nn.Module, names: list[str], device_type: str, param_dtype: torch.dtype) -> None:
+    """Run the modules ``names`` outside autocast, on float32 inputs, with float32 weights: the standard fix for a
+    layer that overflows (or loses too much) in 16 bits. Their outputs stay float32 under autocast (the next
+    autocast op casts what it needs) and go back to ``param_dtype`` for the *_pure ablations. Hooks, so the
+    model's structure and state_dict keys do not change."""
+    floating = lambda t: isinstance(t, torch.Tensor) and t.is_floating_point()  # noqa: E731
+
+    for name in names:
+        module = model.get_submodule(name)
+        if getattr(module, "_ampbench_float32", False):
+            continue
+        module.float()
+        entered: list[contextlib.AbstractContextManager] = []
+
+        def pre(mod, args, kwargs, entered=entered):
+            ctx = torch.autocast(device_type=device_type, enabled=False)
+            ctx.__enter__()
+            entered.append(ctx)
+            return (tuple(a.float() if floating(a) else a for a in args),
+                    {k: v.float() if floating(v) else v for k, v in kwargs.items()})
+
+        def post(mod, args, output, entered=entered):
+            entered.pop().__exit__(None, None, None)
+            if param_dtype != torch.float32:
+                return torch.utils._pytree.tree_map(lambda t: t.to(param_dtype) if floating(t) else t, output)
+            return None
+
+        module.register_forward_pre_hook(pre, with_kwargs=True)
+        module.register_forward_hook(post, always_call=True)
+        module._ampbench_float32 = True
+
+
 def _cuda_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def policy_for(arm: arms.Arm, device_type: str) -> PrecisionPolicy:
+def policy_for(arm: arms.Arm, device_type: str, fp32_modules: tuple[str, ...] = ()) -> PrecisionPolicy:
     """The registry entry as torch objects for ``device_type``, without asking whether the device can run it."""
     return PrecisionPolicy(name=arm.name, device_type=device_type,
                            autocast_dtype=getattr(torch, arm.autocast) if arm.autocast else None,
                            use_scaler=arm.scaler, tf32=arm.tf32, param_dtype=getattr(torch, arm.param_dtype),
-                           ablation=arm.ablation)
+                           ablation=arm.ablation, fp32_modules=tuple(fp32_modules))
 
 
-def resolve_policy(name: str, device: torch.device) -> PrecisionPolicy:
-    """The policy for arm ``name`` on ``device``; ArmUnavailable if the device cannot run it as named."""
+def resolve_policy(name: str, device: torch.device, fp32_modules: tuple[str, ...] | list[str] = ()) -> PrecisionPolicy:
+    """The policy for arm ``name`` on ``device`` (``fp32_modules``: train.fp32_modules); ArmUnavailable if the
+    device cannot run it as named."""
     try:
-        policy = policy_for(arms.get(name), device.type)
+        policy = policy_for(arms.get(name), device.type, tuple(fp32_modules))
     except KeyError as exc:
         raise ArmUnavailable(exc.args[0]) from None
     tf32 = policy.tf32

@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ampbench.arms import BASELINE, TF32_REFERENCE, adoption_code
 from ampbench.arms import get as get_arm
+from ampbench.numerics import fix_line
 
 CURVE_KEYS = ("train_loss", "val_loss", "val_accuracy", "loss_scale")
 # Also written to the DVC plot rows (not drawn in the PNG): the scaler and underflow story per epoch.
@@ -35,6 +37,7 @@ class ArmReport:
     histories: dict[int, list[dict[str, float]]] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)  # samples_per_s, peak memory, skipped_steps, what ran
     stats: dict[str, Any] = field(default_factory=dict)  # paired CIs and verdicts vs fp32
+    numerics: dict[str, Any] = field(default_factory=dict)  # flops, peak_tflops, first_nonfinite, activations
 
     @property
     def ran(self) -> bool:
@@ -213,9 +216,99 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
         if a.ran:
             ran = ", ".join(f"{k}={v}" for k, v in a.train.get("policy", {}).items() if k != "precision")
             lines.append(f"- **{a.arm}**: {ran}")
+    lines += numerics_lines(arms, comparison, context)
     if context.get("note"):
         lines += ["", context["note"]]
     return "\n".join(lines) + "\n"
+
+
+NO_EFFECT_SHARE = 0.05  # an autocast arm with less of its matmul/conv/attention FLOPs in 16 bits did not use them
+ACTIVATION_ROWS = 8  # modules shown in the report's activation table
+
+
+def _finite_or(x: float | None, spec: str, otherwise: str) -> str:
+    """``x`` formatted, or ``otherwise`` where it is not finite (null in the JSON files)."""
+    return otherwise if x is None or not math.isfinite(x) else f"{x:{spec}}"
+
+
+COMPUTE_BOUND_SHARE = 0.4  # of the dense peak: the tensor cores are busy; a lower precision is what helps
+FAR_FROM_PEAK_SHARE = 0.1  # below this the step waits on memory traffic or kernel launches, not arithmetic
+
+
+def bound_by(c: dict[str, Any]) -> str:
+    """What limits an arm on a GPU, from its share of the dense peak and of time spent waiting for batches."""
+    if (c.get("input_wait_share") or 0) >= INPUT_BOUND_SHARE:
+        return "input-bound (waits for batches; see above)"
+    if c["peak_share"] >= COMPUTE_BOUND_SHARE:
+        return "compute-bound"
+    if c["peak_share"] < FAR_FROM_PEAK_SHARE:
+        return ("far from the compute peak: memory- or launch-bound (small kernels, elementwise work), so a 16-bit "
+                "arm gains less than its tensor-core rate suggests; a larger batch or model, or compile, helps")
+    return "between compute- and memory-bound"
+
+
+def no_effect(arm: ArmReport) -> bool:
+    """An autocast arm whose counted step ran (almost) nothing in 16 bits: autocast had no effect."""
+    flops, policy = arm.numerics.get("flops"), arm.train.get("policy") or {}
+    return bool(flops and flops["total"] and policy.get("autocast_dtype", "off") != "off"
+                and flops["low_precision_share"] < NO_EFFECT_SHARE)
+
+
+def numerics_lines(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> list[str]:
+    """What ran in which dtype and how close to the hardware; the first non-finite module per arm and the fix;
+    the modules whose outputs come closest to float16's limits."""
+    lines = ["", "## Numerics", "", "Matmul, convolution and attention FLOPs of one training step (forward and "
+             "backward) counted at the dispatcher, by the dtype they computed in; achieved FLOP/s = counted FLOPs "
+             "per sample × samples/s (a share of the GPU's dense peak for that dtype where the GPU is known):", ""]
+    for a in arms:
+        flops = a.numerics.get("flops")
+        if not flops or not flops["total"]:
+            continue
+        dtypes = ", ".join(f"{d} {100 * n / flops['total']:.0f}%" for d, n in
+                           sorted(flops["by_dtype"].items(), key=lambda kv: -kv[1]))
+        c = comparison.get(a.arm, {})
+        speed = ""
+        if c.get("achieved_tflops") is not None:
+            speed = f"; achieved {_count(c['achieved_tflops'] * 1e12)} FLOP/s"
+            if c.get("peak_share") is not None:
+                speed += (f", {100 * c['peak_share']:.1f}% of this GPU's {flops['dominant_dtype']} peak "
+                          f"({a.numerics['peak_tflops']:g} TFLOP/s): {bound_by(c)}")
+        flag = (" — **autocast had no effect**: its matmuls and convolutions ran in float32 (a model that casts "
+                "its own inputs, or an op autocast does not cover)" if no_effect(a) else "")
+        lines.append(f"- **{a.arm}**: {100 * flops['low_precision_share']:.0f}% of matmul/conv/attention FLOPs in "
+                     f"16 bits ({dtypes}; {_count(flops['per_sample'])} FLOPs per training sample){speed}{flag}")
+    found = [(a, seed, c) for a in arms for seed, c in sorted(a.numerics.get("first_nonfinite", {}).items())]
+    if found:
+        lines += ["", "First non-finite module (hooks on the step that went bad, or a replay of it: outputs in "
+                  "forward order, then input gradients in backward order, naming the module whose backward made "
+                  "them, then weight gradients):", ""]
+        for a, seed, c in found:
+            note = ""
+            if a.status == "diverged":
+                note = f" — the arm diverged; to keep that module in float32: `{fix_line([c['module']])}`"
+            elif c["loss_scale"] >= 2.0**15 and c["phase"] != "forward":
+                note = " (the scaler's first calibration steps at its initial scale: expected)"
+            lines.append(f"- **{a.arm}** seed {seed}: {c['message']} ({c['how']}){note}")
+    ref = next((a for a in arms if a.arm == BASELINE and a.numerics.get("activations")), None)
+    if ref is not None:
+        others = [a for a in arms if a.arm != BASELINE and a.numerics.get("activations")
+                  and (a.status == "diverged" or (a.train.get("policy") or {}).get("autocast_dtype", "off") != "off")]
+        tables = {a.arm: {r["module"]: r for r in a.numerics["activations"]} for a in others}
+        head = " | ".join(f"{a.arm} max | {a.arm} → inf / → 0" for a in others)
+        lines += ["", "Module outputs closest to float16's limits (largest |output| over the sampled steps; headroom "
+                  "= log₂(65504 / max), negative: float16 overflows; the shares of outputs float16 turns into inf "
+                  "and of non-zero outputs it flushes to 0), ranked by the fp32 arm:", "",
+                  f"| module | type | fp32 max | headroom | {head} |",
+                  "|---|---|---|---|" + "---|---|" * len(others)]  # max: the largest |output|
+        for row in ref.numerics["activations"][:ACTIVATION_ROWS]:
+            cells = []
+            for a in others:
+                o = tables[a.arm].get(row["module"])
+                shares = None if o is None else f"{100 * o['overflow_frac']:.2f}% / {100 * o['underflow_frac']:.2f}%"
+                cells += ["—", "—"] if o is None else [_finite_or(o["max_abs"], ".3g", "inf/NaN"), shares]
+            lines.append(f"| `{row['module']}` | {row['type']} | {_finite_or(row['max_abs'], '.3g', 'inf/NaN')} | "
+                         f"{_finite_or(row['headroom_log2'], '+.1f', '−∞')} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _pyplot():

@@ -29,8 +29,15 @@ from ampbench.layout import ArmFiles
 from ampbench.loader import batches_per_epoch, keep_on_device
 from ampbench.model_factory import ModelSpec, build, inspect_model
 from ampbench.monitor import Diverged, epoch_line
+from ampbench.numerics import count_step_flops, fix_line, merge_tables
 from ampbench.params import Params
-from ampbench.precision import PrecisionPolicy, cudnn_legacy_flags_readable, resolve_device, resolve_policy
+from ampbench.precision import (
+    PrecisionPolicy,
+    cudnn_legacy_flags_readable,
+    float32_matches,
+    resolve_device,
+    resolve_policy,
+)
 from ampbench.training import EpochRecord, LoopConfig, TrainState, fit, init_state, throughput
 
 
@@ -128,7 +135,28 @@ class ArmOutputs:
         checkpoint.write(final, job.model_meta(), checkpoint_path)
         atomic_write_json(files.seed_history(job.seed), [r.row() for r in records])
         atomic_write_json(files.grad_layers(job.seed), [r.layers for r in records])
-        return [checkpoint_path, files.seed_history(job.seed), files.grad_layers(job.seed)]
+        atomic_write_json(files.activations(job.seed), merge_tables([r.activations for r in records]))
+        return [checkpoint_path, files.seed_history(job.seed), files.grad_layers(job.seed),
+                files.activations(job.seed)]
+
+    def numerics(self, job: SeedJob, run_id: str | None, record: dict[str, Any]) -> None:
+        """Onto the seed's run (open or ended): the first non-finite module as tags, the activation table and the
+        counted FLOPs as files; for a diverged seed the table is also written to models/<arm>/."""
+        if not self.enabled or run_id is None:
+            return
+        culprit = record.get("first_nonfinite")
+        keys = ("module", "module_type", "phase", "step") if culprit else ()
+        tags = {f"nonfinite.{k}": str(culprit[k]) for k in keys}
+        metrics = {}
+        if record.get("flops"):
+            f = record["flops"]
+            metrics = {"flops_per_sample_train": f["per_sample"], "low_precision_flop_share": f["low_precision_share"]}
+            tags["flops.dominant_dtype"] = str(f["dominant_dtype"])
+        paths = []
+        if record.get("diverged") and record.get("activations"):
+            atomic_write_json(self.files.activations(job.seed), record["activations"])
+            paths.append(self.files.activations(job.seed))
+        tracking.log_to(run_id, metrics, tags, artifacts=paths)
 
     def seed_artifacts(self, job: SeedJob, paths: list[Path], record: dict[str, Any], model: torch.nn.Module) -> None:
         """Into the seed's (still open) MLflow run: run-level numbers, its files, and the model when asked for."""
@@ -174,7 +202,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         check_steps(params, data, world)
         model = check_model(params, data, device)  # before anything is written: a model that does not fit fails
         try:
-            policy = resolve_policy(arm, device)
+            policy = resolve_policy(arm, device, params.train.fp32_modules)
         except ArmUnavailable as exc:
             out.log(f"skipped: {exc}")
             summary = {"arm": arm, "skipped": str(exc), "hardware": fingerprint(device), "model": model}
@@ -225,7 +253,13 @@ def check_model(params: Params, data: Prepared, device: torch.device) -> dict[st
     training's determinism settings: ModelError (one line) before any work. Returns the model's identity."""
     tp = params.train
     set_deterministic(tp.deterministic, tp.cudnn_benchmark)
-    return inspect_model(ModelSpec.from_train(tp), data.train.inputs(data.train.x[:2]), data.num_classes, device)
+    spec = ModelSpec.from_train(tp)
+    if tp.fp32_modules:  # a pattern that matches nothing would silently leave the layer in 16 bits
+        try:
+            float32_matches(build(spec, data.input_shape, data.num_classes), tp.fp32_modules)
+        except ValueError as exc:
+            raise ParamsError(str(exc)) from None
+    return inspect_model(spec, data.train.inputs(data.train.x[:2]), data.num_classes, device)
 
 
 def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dict]) -> dict[str, Any]:
@@ -248,6 +282,11 @@ def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dic
         "optimizer_steps": sum(s.get("optimizer_steps_total", 0) for s in ok),
         "input_path": ok[0].get("input_path") if ok else None,
         "input_wait_share": statistics.median(s.get("input_wait_share", 0.0) for s in ok) if ok else None,
+        # Numerics: FLOPs by dtype of one counted step, the first non-finite module per seed, and the
+        # per-module activation ranges of every seed (diverged ones too), closest to fp16's top first.
+        "flops": next((s["flops"] for s in seeds.values() if s.get("flops")), None),
+        "first_nonfinite": {seed: s["first_nonfinite"] for seed, s in seeds.items() if s.get("first_nonfinite")},
+        "activations": merge_tables([s.get("activations") or [] for s in seeds.values()]),
     }
 
 
@@ -297,6 +336,7 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
         out.log(epoch_line(f"seed {job.seed}", record, tp.epochs, tp.epochs - record.epoch + later_seeds * tp.epochs))
 
     fresh = prior is None
+    flops = count_flops(job, model) if job.seed == tp.seeds[0] else None
     try:
         with out.run(job, progress.run_id) as run_id:
             progress.run_id = run_id
@@ -307,17 +347,35 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
             if not sum(r.optimizer_steps for r in progress.records):  # a safety net behind check_steps
                 raise AmpbenchError(f"{job.name}: training ran no optimizer step; its results would be untrained")
             record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name)
+            record["flops"] = flops
+            out.numerics(job, run_id, record)
             paths = out.seed_files(job, checkpoint.state_dict(state), progress.records)
             out.seed_artifacts(job, paths, record, model)
     except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
         out.log(f"seed {job.seed}: DIVERGED: {exc}")
-        record = {"run_id": progress.run_id, "diverged": str(exc)}
+        record = {"run_id": progress.run_id, "diverged": str(exc), "first_nonfinite": exc.culprit, "flops": flops,
+                  "activations": merge_tables([r.activations for r in progress.records] + [exc.activations])}
+        if exc.culprit:
+            record["fix"] = fix_line([exc.culprit["module"]])
+            out.log(f"seed {job.seed}: keep it in float32: {record['fix']}")
+        out.numerics(job, progress.run_id, record)
     progress.done = record
     out.seed_done(job, state, progress)
     if not record["diverged"]:
         out.log(f"seed {job.seed}: val_accuracy {progress.records[-1].val_accuracy:.4f}, "
                 f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")
     return record, progress.records
+
+
+def count_flops(job: SeedJob, model: torch.nn.Module) -> dict[str, Any]:
+    """One training step's forward and backward on up to 16 training samples, counted by dtype at the dispatcher
+    (numerics.count_step_flops), with the TF32 state read back; training is unaffected."""
+    split = job.data.train
+    n = min(job.params.train.batch_size, 16, len(split))
+    x = job.policy.cast_input(split.inputs(split.x[:n].to(job.device))).to(memory_format=_memory_format(job))
+    counted = count_step_flops(model, job.policy, x, split.y[:n].to(job.device))
+    counted["cuda_matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
+    return counted
 
 
 def _memory_format(job: SeedJob) -> torch.memory_format:
@@ -336,6 +394,8 @@ def _seed_record(job: SeedJob, cfg: LoopConfig, records: list[EpochRecord], run_
               "input_path": "device tensors" if cfg.on_device else "streaming DataLoader",
               "input_wait_share": sum(r.input_wait_seconds for r in records) / max(sum(seconds), 1e-9),
               "final": records[-1].row(),
+              "first_nonfinite": next((r.nonfinite for r in records if r.nonfinite), None),
+              "activations": merge_tables([r.activations for r in records]),
               "model_uri": None}
     if job.params.train.compile and len(records) > 1:  # the first epoch pays for compilation; estimate it apart
         record["compile_seconds_estimate"] = max(seconds[0] - statistics.median(seconds[1:]), 0.0)

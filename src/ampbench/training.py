@@ -10,6 +10,7 @@ streaming DataLoader, the same batches either way); running sums stay on the dev
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
@@ -24,7 +25,8 @@ from ampbench.data import Split
 from ampbench.distributed import SINGLE, World
 from ampbench.loader import InputPipeline, keep_on_device
 from ampbench.models import unwrap
-from ampbench.monitor import Progress, ScalerHealth, WindowTimer, sync_guard
+from ampbench.monitor import Diverged, Progress, ScalerHealth, WindowTimer, sync_guard
+from ampbench.numerics import ActivationProbe, NonFiniteFinder
 from ampbench.params import TrainParams
 from ampbench.precision import PrecisionPolicy
 from ampbench.telemetry import GradProbe
@@ -76,10 +78,13 @@ class EpochRecord:
     steps: list[dict[str, float]] = field(default_factory=list)  # sampled steps: step, loss, skips, scale
     layers: dict[str, dict[str, float]] = field(default_factory=dict)  # per-parameter gradient shares
     windows: list[float] = field(default_factory=list)  # samples/s of each timing window after warm-up
+    activations: list[dict] = field(default_factory=list)  # per-module output ranges (numerics.ActivationProbe)
+    nonfinite: dict | None = None  # the first non-finite module found this epoch (numerics.Culprit.to_dict)
 
     def row(self) -> dict[str, float]:
         """The epoch's metrics as one flat history row (history.json, MLflow, DVC plots)."""
-        skip = ("grads", "steps", "layers", "windows")  # not copied: asdict would deep-copy the per-layer table
+        # not copied: asdict would deep-copy the per-layer tables
+        skip = ("grads", "steps", "layers", "windows", "activations", "nonfinite")
         metrics = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         return {**metrics, **self.grads}
 
@@ -219,6 +224,9 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
                            memory_format=torch.channels_last if tp.channels_last else torch.contiguous_format,
                            workers=tp.loader_workers, world=world)
     probe = GradProbe(unwrap(model), device)
+    # Hooks on a compiled model would recompile it whenever they come and go: no activation sampling there.
+    acts = None if tp.compile else ActivationProbe(unwrap(model), device)
+    finder = NonFiniteFinder(tp.telemetry_every)
     health = ScalerHealth(policy.name, state.scaler, tp.divergence, device)
     timer = WindowTimer(device, cfg.timing_window, cfg.warmup_steps, steps_done=state.step)
     records = []
@@ -230,16 +238,26 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         timer.start()
         for batch in inputs.epoch(state.generator, state.step):
             sample = sums.steps % tp.telemetry_every == 0  # this step feeds telemetry and the divergence check
-            with sync_guard(cfg.sync_debug and not sample and device.type == "cuda"):
-                with health.watch():
+            # Hooks on for sampled steps, and for every step while hunting an unsampled skip's module.
+            hooked = acts is not None and (sample or finder.hunting)
+            scale = health.loss_scale if hooked else 1.0  # the scale this step runs with (a host read)
+            with sync_guard(cfg.sync_debug and not hooked and device.type == "cuda"):
+                with health.watch(), (acts.attached() if hooked else contextlib.nullcontext()):
                     loss, logits = train_step(model, state.optimizer, state.scaler, policy, batch.x, batch.y, tp,
                                               probe if sample else None)
                 sums.add(loss, logits, batch.y, batch.size)
             state.step += 1
             timer.tick(batch.size)
             progress.step(batch.size, loss)
+            if hooked:
+                finder.after_step(acts, health.went_bad(loss), state.step, scale)
             if sample:
-                health.check(sums.loss, f"epoch {epoch + 1}, step {sums.steps}")
+                finder.skips_seen(health.skipped_steps())
+                try:
+                    health.check(sums.loss, f"epoch {epoch + 1}, step {sums.steps}")
+                except Diverged as exc:
+                    raise finder.explain(exc, unwrap(model), policy, batch.x, batch.y, tp.loss_multiplier, state.step,
+                                         health.loss_scale, acts.take() if acts else None) from None
                 sums.sampled.append({"step": state.step, "loss": loss.item(), "loss_scale": health.loss_scale,
                                      "skipped_in_epoch": health.skipped_steps()})
         seconds = timer.elapsed()
@@ -248,7 +266,11 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         if skipped < sums.steps:  # the LR schedule advances only when the optimizer really stepped
             state.scheduler.step()
         state.epoch = epoch + 1
-        health.check(sums.loss, f"epoch {epoch + 1}, step {sums.steps}")
+        try:
+            health.check(sums.loss, f"epoch {epoch + 1}, step {sums.steps}")
+        except Diverged as exc:
+            raise finder.explain(exc, unwrap(model), policy, batch.x, batch.y, tp.loss_multiplier, state.step,
+                                 health.loss_scale, acts.take() if acts else None) from None
         train_loss, train_accuracy = sums.reduce(world)
         val_logits = predict(model, val, policy, cfg.eval_batch_size)
         val_y = val.y.to(device)
@@ -260,7 +282,8 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             samples_per_s=sums.seen / seconds, epoch_seconds=seconds, loss_scale=health.loss_scale,
             skipped_steps=skipped, optimizer_steps=sums.steps, input_wait_seconds=inputs.wait_seconds,
             lr=state.optimizer.param_groups[0]["lr"], grads=grads,
-            steps=sums.sampled, layers=layers, windows=timer.take()))
+            steps=sums.sampled, layers=layers, windows=timer.take(),
+            activations=acts.take() if acts is not None else [], nonfinite=finder.take()))
         if on_epoch is not None:
             on_epoch(records[-1], state)
     return records

@@ -1,0 +1,311 @@
+"""Numerics a user can act on: the first non-finite module, activation ranges, train.fp32_modules, FLOPs by dtype.
+
+The planted-overflow model (examples/overflow_model.py: a ×10⁵ gain before a LayerNorm) runs through the train and
+evaluate stages: fp16 fails, the finder names ``gain``, the activation table ranks it first, and with
+``train.fp32_modules: [gain]`` the fp16 arm trains and is equivalent to fp32.
+"""
+
+import json
+from collections import OrderedDict
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+from examples.overflow_model import Gain, build
+from torch import nn
+
+from ampbench.data import Split
+from ampbench.monitor import Diverged
+from ampbench.numerics import ActivationProbe, count_step_flops, headroom_log2, merge_tables, replay_first_nonfinite
+from ampbench.params import TrainParams
+from ampbench.precision import float32_matches, resolve_policy
+from ampbench.report import ArmReport, no_effect
+from ampbench.training import LoopConfig, fit, init_state
+
+CPU = torch.device("cpu")
+
+
+def _stage(name):
+    import importlib
+
+    return importlib.import_module(f"pipeline.{name}").main
+
+
+# --- FLOPs by dtype: a hand count -------------------------------------------------------------------------------
+
+def _small():
+    """Conv2d(1→2, 3×3) on 6×6 → 2×4×4, then Linear(32→3): every FLOP countable by hand."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(32, 3))
+
+
+# Batch of 2. Conv forward: 2 samples × 2×4×4 outputs × 9 multiply-adds × 2 = 1152; its backward needs only the
+# weight gradient (the input needs none): 1152. Linear forward 2 × 2·32·3 = 384; backward: input gradient 384,
+# weight gradient 384. Bias additions are not matmul FLOPs.
+HAND_CONV, HAND_MATMUL = 1152 + 1152, 384 + 384 + 384
+
+
+@pytest.mark.parametrize("arm, dtype", [("fp32", "float32"), ("fp16", "float16"), ("bf16", "bfloat16")])
+def test_flops_by_dtype_match_a_hand_count(arm, dtype):
+    model = resolve_policy(arm, CPU).prepare_model(_small())
+    counted = count_step_flops(model, resolve_policy(arm, CPU), torch.randn(2, 1, 6, 6), torch.tensor([0, 2]))
+    assert counted["by_kind_dtype"] == {f"conv/{dtype}": HAND_CONV, f"matmul/{dtype}": HAND_MATMUL}
+    assert counted["total"] == HAND_CONV + HAND_MATMUL and counted["per_sample"] == (HAND_CONV + HAND_MATMUL) / 2
+    assert counted["low_precision_share"] == (0.0 if arm == "fp32" else 1.0)  # fp32: nothing in 16 bits
+    assert counted["dominant_dtype"] == dtype
+
+
+def test_counting_leaves_training_unchanged():
+    """The count runs a forward and backward: BatchNorm statistics, gradients and random state come back."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Dropout(0.5), nn.Flatten(), nn.Linear(32, 3))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(4, 1, 6, 6)
+    rng = torch.get_rng_state()
+    count_step_flops(model, resolve_policy("fp32", CPU), x, torch.tensor([0, 1, 2, 0]))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_an_autocast_arm_that_ran_in_float32_is_flagged():
+    """A model that switches autocast off inside its forward: the fp16 arm computes nothing in 16 bits."""
+
+    class OptsOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = _small()
+
+        def forward(self, x):
+            with torch.autocast("cpu", enabled=False):
+                return self.inner(x.float())
+
+    policy = resolve_policy("fp16", CPU)
+    counted = count_step_flops(OptsOut(), policy, torch.randn(2, 1, 6, 6), torch.tensor([0, 2]))
+    assert counted["low_precision_share"] == 0.0
+    arm = ArmReport("fp16", train={"policy": policy.describe()}, numerics={"flops": counted})
+    assert no_effect(arm)
+    ok = count_step_flops(_small(), policy, torch.randn(2, 1, 6, 6), torch.tensor([0, 2]))
+    assert not no_effect(ArmReport("fp16", train={"policy": policy.describe()}, numerics={"flops": ok}))
+    fp32 = resolve_policy("fp32", CPU)  # no autocast asked for: nothing to flag
+    assert not no_effect(ArmReport("fp32", train={"policy": fp32.describe()}, numerics={"flops": counted}))
+
+
+# --- the finder and the activation table -------------------------------------------------------------------------
+
+def _blobs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (n,), generator=g)
+    return Split((y.float() * 2 - 1)[:, None, None, None] + 0.8 * torch.randn(n, 1, 4, 4, generator=g), y)
+
+
+def _fit(arm, model, fp32_modules=(), **train):
+    policy = resolve_policy(arm, CPU, fp32_modules)
+    model = policy.prepare_model(model)
+    cfg = LoopConfig(TrainParams(**{"epochs": 2, "batch_size": 32, "progress": False, **train}))
+    return fit(init_state(model, policy, cfg, CPU), _blobs(512, 0), _blobs(128, 1), policy, cfg)
+
+
+@pytest.mark.parametrize("arm", ["fp16", "fp16_noscaler"])
+def test_the_finder_names_the_planted_layer(arm):
+    torch.manual_seed(0)
+    with pytest.raises(Diverged) as err:
+        _fit(arm, build((1, 4, 4), 2))
+    assert err.value.culprit["module"] == "gain" and err.value.culprit["phase"] == "forward"
+    assert "module 'gain' (Gain)" in str(err.value)
+    table = merge_tables([err.value.activations])
+    assert table[0]["module"] == "gain" and table[0]["nonfinite"] > 0 and table[0]["headroom_log2"] == -float("inf")
+
+
+def test_the_activation_table_ranks_the_planted_layer_first_in_fp32():
+    torch.manual_seed(0)
+    records = _fit("fp32", build((1, 4, 4), 2))
+    table = merge_tables([r.activations for r in records])
+    assert table[0]["module"] == "gain" and table[0]["max_abs"] > 65504 and table[0]["headroom_log2"] < 0
+    assert table[0]["overflow_frac"] > 0.05  # about a tenth of its outputs would be inf in float16
+    assert all(r["headroom_log2"] > 0 for r in table[1:])  # nothing else comes near
+    # Sampled steps only: 16 steps per epoch, every 10th sampled → 2 per epoch.
+    assert {r["samples"] for r in table} == {4}
+    assert all(r.nonfinite is None for r in records)
+
+
+def test_with_the_layer_in_float32_fp16_trains_like_fp32():
+    torch.manual_seed(0)
+    f32 = _fit("fp32", build((1, 4, 4), 2))
+    torch.manual_seed(0)
+    f16 = _fit("fp16", build((1, 4, 4), 2), fp32_modules=["gain"])
+    assert f16[-1].skipped_steps == 0 and f16[-1].val_accuracy == pytest.approx(f32[-1].val_accuracy, abs=0.02)
+    table = {r["module"]: r for r in merge_tables([r.activations for r in f16])}
+    assert table["gain"]["nonfinite"] == 0 and table["gain"]["max_abs"] > 65504  # float32 island: finite
+
+
+class Flaky(nn.Module):
+    """×10⁵ on the training forwards numbered in ``bad`` (0-based), identity otherwise."""
+
+    def __init__(self, bad):
+        super().__init__()
+        self.bad, self.calls = set(bad), 0
+
+    def forward(self, x):
+        hit = self.training and self.calls in self.bad
+        self.calls += self.training
+        return x * 1e5 if hit else x
+
+
+def test_skips_between_sampled_steps_are_hunted_down():
+    """Overflow on steps 3-4 and 8-9 only (1-based), sampled every 5th: the check at step 6 sees two uncaught skips,
+    hooks the next steps and catches step 8 in the act."""
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(flatten=nn.Flatten(), fc=nn.Linear(16, 8), flaky=Flaky({2, 3, 7, 8}),
+                                      norm=nn.LayerNorm(8), head=nn.Linear(8, 2)))
+    records = _fit("fp16", model, telemetry_every=5, epochs=1)
+    assert records[0].skipped_steps == 4
+    assert records[0].nonfinite["module"] == "flaky" and records[0].nonfinite["step"] == 8
+
+
+def test_a_replay_names_the_layer_and_changes_nothing():
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(fc=nn.Linear(4, 8), bn=nn.BatchNorm1d(8), gain=Gain(1e5),
+                                      norm=nn.LayerNorm(8), head=nn.Linear(8, 2)))
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    found = replay_first_nonfinite(model, resolve_policy("fp16", CPU), x, y, 65536.0, 1.0, step=7)
+    assert (found.module, found.phase, found.step, found.how) == ("gain", "forward", 7, "replayed step")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        model.fc.weight[0, 0] = float("nan")  # weights already gone: named as such, not blamed on a later layer
+    found = replay_first_nonfinite(model, resolve_policy("fp16", CPU), x, y, 1.0, 1.0, step=9)
+    assert (found.module, found.phase) == ("fc", "weights")
+
+
+def test_gradient_overflow_under_the_scale_is_found_in_the_backward():
+    """Finite forward, but the loss scale × a large gradient overflows float16 in the backward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(fc=nn.Linear(4, 8), big=Gain(3e3), head=nn.Linear(8, 2)))
+    found = replay_first_nonfinite(model, resolve_policy("fp16", CPU), torch.randn(8, 4), torch.randint(0, 2, (8,)),
+                                   65536.0, 1.0, step=1)
+    # big's backward multiplies the (scaled) gradient by 3000: past 65504, so it is the module named.
+    assert (found.module, found.phase) == ("big", "backward")
+
+
+def test_headroom_is_in_powers_of_two():
+    assert headroom_log2(65504 / 8) == pytest.approx(3)
+    assert headroom_log2(65504 * 4) == pytest.approx(-2)
+    assert headroom_log2(float("inf")) == -float("inf") and headroom_log2(0.0) == float("inf")
+
+
+def test_probe_hooks_come_off_after_the_step():
+    model = _small()
+    probe = ActivationProbe(model, CPU)
+    with probe.attached():
+        model(torch.randn(2, 1, 6, 6)).sum().backward()
+    assert all(not m._forward_hooks for m in model.modules())
+    assert probe.samples == 1 and probe.culprit() is None
+
+
+# --- train.fp32_modules -----------------------------------------------------------------------------------------
+
+def test_patterns_must_match_a_module():
+    model = build((1, 4, 4), 2)
+    assert float32_matches(model, ["gain"]) == ["gain"]
+    assert float32_matches(model, ["fc*", "fc1"]) == ["fc1", "fc2"]
+    with pytest.raises(ValueError, match="'gian' matches no module"):
+        float32_matches(model, ["gian"])
+
+
+def test_islands_work_for_pure_16_bit_weights_too():
+    """fp16_pure: the island's weights and inputs are float32, its output goes back to float16 for the next layer
+    (so there an island helps only when what it returns fits float16: not the planted ×10⁵ gain)."""
+    torch.manual_seed(0)
+    policy = resolve_policy("fp16_pure", CPU, ["gain", "norm"])
+    model = policy.prepare_model(build((1, 4, 4), 2, gain=1.0))
+    assert model.norm.weight.dtype == torch.float32 and model.head.weight.dtype == torch.float16
+    out = model(policy.cast_input(torch.randn(3, 1, 4, 4)))
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert policy.describe()["fp32_modules"] == "gain,norm"
+    assert resolve_policy("fp32", CPU, ["gain"]).describe()["fp32_modules"] == "none"  # nothing 16-bit to keep
+
+
+# --- through the stages -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def easy(tmp_path_factory):
+    """Easy 1-channel 8×8 synthetic data with a large test split (1080 images), so equivalence is decidable."""
+    from conftest import TINY
+
+    folder = tmp_path_factory.mktemp("easy")
+    params = yaml.safe_load(yaml.safe_dump(TINY))
+    params["prepare"].update({"dataset": "synthetic", "max_train": None, "max_test": None, "test_fraction": 0.45,
+                              "val_fraction": 0.1, "synthetic": {"image_size": 8, "channels": 1, "classes": 4,
+                                                                 "count": 2400, "noise": 1.0}})
+    params["train"].update({"model": "examples.overflow_model:build", "model_code": "examples/overflow_model.py",
+                            "precisions": ["fp32", "fp16", "fp16_noscaler"], "seeds": [0], "epochs": 2,
+                            "batch_size": 64})
+    params["mlflow"]["log_model"] = False
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    result = CliRunner().invoke(_stage("prepare"), ["--params", str(path), "--out", str(folder / "prepared")])
+    assert result.exit_code == 0, result.output
+    return params, folder / "prepared"
+
+
+def _pipeline(params, data, tmp_path, write_params, name):
+    path = str(write_params(params, f"{name}.yaml"))
+    out = tmp_path / name / "models"
+    for arm in params["train"]["precisions"]:
+        result = CliRunner().invoke(_stage("train"), ["--precision", arm, "--params", path, "--data", str(data),
+                                                      "--out", str(out / arm), "--resume-dir", str(tmp_path / "r")])
+        assert result.exit_code == 0, result.output + str(result.exception)
+    reports = tmp_path / name / "reports"
+    result = CliRunner().invoke(_stage("evaluate"), ["--params", path, "--data", str(data), "--models", str(out),
+                                                     "--reports", str(reports)])
+    assert result.exit_code == 0, result.output + "".join(__import__("traceback").format_exception(result.exception))
+    return out, reports
+
+
+def test_find_the_layer_then_keep_it_in_float32(easy, tmp_path, mlflow_store, write_params):
+    """The done-when of the numerics issue, end to end through the stages and MLflow."""
+    import mlflow
+
+    params, data = easy
+    out, reports = _pipeline(params, data, tmp_path, write_params, "planted")
+    details = json.loads((reports / "details.json").read_text())
+    for arm in ("fp16", "fp16_noscaler"):
+        summary = json.loads((out / arm / "summary.json").read_text())
+        assert summary["diverged"] and summary["first_nonfinite"]["0"]["module"] == "gain"
+        assert "module 'gain' (Gain)" in summary["diverged"]["0"]
+        assert details[arm]["verdict"] == "diverged"
+    fp32 = json.loads((out / "fp32" / "summary.json").read_text())
+    assert fp32["activations"][0]["module"] == "gain" and fp32["activations"][0]["headroom_log2"] < 0
+    assert json.loads((out / "fp32" / "activations-seed0.json").read_text())[0]["module"] == "gain"
+    report = (reports / "report.md").read_text()
+    assert """-S 'train.fp32_modules=["gain"]'""" in report
+    assert "| `gain` | Gain |" in report
+    assert "- **fp32**: 0% of matmul/conv/attention FLOPs in 16 bits" in report
+    # counted before it failed
+    assert "- **fp16**: 100% of matmul/conv/attention FLOPs in 16 bits (float16 100%" in report
+    mlflow.set_tracking_uri(mlflow_store)
+    runs = {r.info.run_name: r for r in mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")}
+    assert runs["fp16-seed0"].data.tags["nonfinite.module"] == "gain"
+    assert runs["fp16-seed0"].info.status == "FAILED"
+    assert "activations-seed0.json" in [a.path for a in mlflow.MlflowClient().list_artifacts(
+        runs["fp32-seed0"].info.run_id)]
+
+    fixed = {**params, "train": {**params["train"], "fp32_modules": ["gain"]}}
+    out, reports = _pipeline(fixed, data, tmp_path, write_params, "fixed")
+    comparison = json.loads((reports / "details.json").read_text())
+    assert comparison["fp16"]["verdict"] == "equivalent", comparison["fp16"]
+    assert comparison["fp16"]["skipped_steps"] == 0
+    assert comparison["fp16"]["low_precision_flop_share"] > 0.9 and comparison["fp32"]["low_precision_flop_share"] == 0
+    assert "fp32_modules=gain" in (reports / "report.md").read_text()
+
+
+def test_a_pattern_that_matches_nothing_stops_the_train_stage(easy, tmp_path, write_params):
+    params, data = easy
+    bad = {**params, "train": {**params["train"], "fp32_modules": ["gian"]}}
+    path = str(write_params(bad))
+    result = CliRunner().invoke(_stage("train"), ["--precision", "fp16", "--params", path, "--data", str(data),
+                                                  "--out", str(tmp_path / "m"), "--resume-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "'gian' matches no module" in result.output
+    assert not (tmp_path / "m").exists()
