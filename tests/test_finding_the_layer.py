@@ -189,6 +189,19 @@ def test_gradient_overflow_under_the_scale_is_found_in_the_backward():
     assert (found.module, found.phase) == ("big", "backward")
 
 
+def test_a_skipped_step_that_overflowed_in_the_backward_is_replayed():
+    """Training hooks outputs only; a step the scaler skipped with finite outputs is replayed (its weights are
+    unchanged) with gradient hooks, at the scale it ran with: the module whose backward overflowed is named."""
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(flatten=nn.Flatten(), fc=nn.Linear(16, 8), big=Gain(3e3),
+                                      head=nn.Linear(8, 2)))
+    records = _fit("fp16", model, epochs=1)
+    assert records[0].skipped_steps > 0
+    first = records[0].nonfinite
+    assert (first["module"], first["phase"], first["how"], first["step"]) == ("big", "backward", "replayed step", 1)
+    assert first["loss_scale"] == 65536.0
+
+
 def test_headroom_is_in_powers_of_two():
     assert headroom_log2(65504 / 8) == pytest.approx(3)
     assert headroom_log2(65504 * 4) == pytest.approx(-2)
@@ -309,3 +322,32 @@ def test_a_pattern_that_matches_nothing_stops_the_train_stage(easy, tmp_path, wr
                                                   "--out", str(tmp_path / "m"), "--resume-dir", str(tmp_path / "r")])
     assert result.exit_code == 2 and "'gian' matches no module" in result.output
     assert not (tmp_path / "m").exists()
+
+
+def test_islands_survive_copying_and_come_off_for_export():
+    import copy
+
+    from ampbench.precision import without_float32
+
+    policy = resolve_policy("fp16", CPU, ["gain"])
+    model = policy.prepare_model(build((1, 4, 4), 2))
+    twin = copy.deepcopy(model)
+    assert twin.gain.forward.__self__ is twin.gain  # the copy's wrapper runs the copy, not the original
+    plain = without_float32(twin)
+    assert "forward" not in plain.gain.__dict__ and "forward" in model.gain.__dict__
+    assert list(plain.state_dict()) == list(build((1, 4, 4), 2).state_dict())  # keys unchanged
+
+
+@pytest.mark.slow
+def test_islands_compile():
+    """torch.compile traces the float32 island (a with-autocast block; hand-entered contexts in hooks do not)."""
+    torch.manual_seed(0)
+    policy = resolve_policy("fp16", CPU, ["gain"])
+    model = policy.prepare_model(build((1, 4, 4), 2))
+    compiled = torch.compile(model)
+    x = torch.randn(8, 1, 4, 4)
+    with policy.autocast():
+        out = compiled(x)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    out.float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())

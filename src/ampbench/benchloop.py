@@ -22,9 +22,11 @@ from ampbench import tracking
 from ampbench.arms import BASELINE, TF32_REFERENCE
 from ampbench.data import Split
 from ampbench.errors import ArmUnavailable
-from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
+from ampbench.hardware import fingerprint, peak_memory_mb, peak_tflops, reset_peak_memory
 from ampbench.model_factory import ModelSpec, build
+from ampbench.models import unwrap
 from ampbench.monitor import WindowTimer
+from ampbench.numerics import count_step_flops
 from ampbench.params import TrainParams
 from ampbench.precision import resolve_device, resolve_policy
 from ampbench.training import EpochRecord, LoopConfig, fit, init_state
@@ -125,6 +127,23 @@ class _BareArm:
             self.timer.tick(len(idx))
 
 
+def _flop_rate(runner: _PipelineArm, train: Split, device_name: str, samples_per_s: float | None) -> dict[str, Any]:
+    """The arm's counted FLOPs per sample (one step, by dtype), its 16-bit share, achieved TFLOP/s and, on a GPU of
+    ``hardware.GPU_PEAK_TFLOPS``, the share of its dense peak for the dtype most FLOPs ran in."""
+    runner.policy.apply_backend_flags()
+    model = unwrap(runner.state.model)
+    x, y = runner.policy.cast_input(train.x[:16]), train.y[:16]
+    counted = count_step_flops(model, runner.policy, x, y)
+    out = {"flops_per_sample": counted["per_sample"], "low_precision_flop_share": counted["low_precision_share"],
+           "flop_dtype": counted["dominant_dtype"]}
+    if samples_per_s and counted["per_sample"]:
+        out["achieved_tflops"] = counted["per_sample"] * samples_per_s / 1e12
+        peak = peak_tflops(device_name, counted["dominant_dtype"]) if counted["dominant_dtype"] else None
+        if peak:
+            out["peak_tflops"], out["peak_share"] = peak, out["achieved_tflops"] / peak
+    return out
+
+
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -219,6 +238,9 @@ def _arm_ratios(cfg: BenchConfig, device, train: Split, val: Split) -> dict[str,
         for name in runners:  # by name: no loop variable keeps a runner alive after runners.clear()
             runners[name].round()
     arms.update({arm: {"samples_per_s": _median(r.windows)} for arm, r in runners.items()})
+    device_name = fingerprint(device)["device_name"]
+    for name in runners:  # by name, as above
+        arms[name].update(_flop_rate(runners[name], train, device_name, arms[name]["samples_per_s"]))
     names = list(runners)
     runners.clear()  # throughput needed every arm alive (interleaved rounds); memory needs each one alone
     for arm, peak in isolated_peaks(cfg, device, train, val, names).items():

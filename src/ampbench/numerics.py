@@ -21,7 +21,7 @@ import contextlib
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -50,12 +50,14 @@ class Culprit:
 
     module: str
     module_type: str
-    phase: str  # forward | backward | weight_grad | weights (already non-finite before the step)
+    phase: str  # forward | backward | weight_grad | weights (already non-finite before the step) | none
     step: int  # optimizer step (1-based over the run)
     loss_scale: float  # the scale the step ran with (1.0 without a scaler)
     how: str  # "sampled step" | "replayed step"
 
     def __str__(self) -> str:
+        if self.phase == "none":
+            return f"no non-finite value in a replay of step {self.step}"
         what = {"forward": "output", "backward": "input gradient (its backward)", "weight_grad": "weight gradient",
                 "weights": "weights"}[self.phase]
         scale = f", loss scale {self.loss_scale:g}" if self.loss_scale != 1.0 else ""
@@ -143,15 +145,17 @@ class ActivationProbe:
             self._bad_bwd[i] |= ~(torch.isfinite(lo) & torch.isfinite(hi))
 
     @contextlib.contextmanager
-    def attached(self):
-        """Hooks on every module for one step (forward and the backward of what it returns)."""
+    def attached(self, backward: bool = True):
+        """Hooks on every module for one step: outputs, and with ``backward`` the input gradients too (a pass
+        over every gradient: training's sampled steps leave it to a replay of a bad step)."""
         self._bad_fwd.zero_()
         self._bad_bwd.zero_()
         self._fwd_order, self._bwd_order, self._seen, self._consumer = [], [], {}, {}
         handles = []
         for i, (_, m) in enumerate(self.model.named_modules()):
-            handles.append(m.register_forward_pre_hook(lambda mod, args, kw, i=i: self._inputs(i, args, kw),
-                                                       with_kwargs=True))
+            if backward:
+                handles.append(m.register_forward_pre_hook(lambda mod, args, kw, i=i: self._inputs(i, args, kw),
+                                                           with_kwargs=True))
             handles.append(m.register_forward_hook(lambda mod, args, out, i=i: self._record(i, out)))
         try:
             yield
@@ -259,18 +263,27 @@ class NonFiniteFinder:
     def hunting(self) -> bool:
         return self.hunting_left > 0
 
-    def after_step(self, probe: ActivationProbe, bad: torch.Tensor, step: int, scale: float) -> None:
-        """After a hooked step; ``bad``: its device flag (one host read)."""
+    def after_step(self, probe: ActivationProbe, bad: torch.Tensor, step: int, scale: float,
+                   replay: Callable[[], Culprit] | None = None) -> None:
+        """After a hooked step (output hooks only); ``bad``: its device flag (one host read). A bad step with
+        finite outputs overflowed in the backward: ``replay`` (given when the step left the weights as they were,
+        i.e. the scaler skipped it) reruns it with gradient hooks; otherwise the weight gradients name it."""
         self.hunting_left = max(self.hunting_left - 1, 0)
         if not bool(bad):
             return
         self.caught += 1
         self.hunting_left = 0
-        found = probe.culprit() if self.first is None else None
-        if found is not None:
+        if self.first is not None:
+            return
+        found = probe.culprit()
+        if (found is None or found[0] == "weight_grad") and replay is not None:
+            replayed = replay()
+            if replayed.phase != "none":
+                self.first = replayed
+        if self.first is None and found is not None:
             phase, i = found
             self.first = Culprit(probe.names[i], probe.types[i], phase, step, scale, "sampled step")
-            self.run_first = self.run_first or self.first
+        self.run_first = self.run_first or self.first
 
     def skips_seen(self, skipped_in_epoch: int) -> None:
         """At a sampled check: skips this epoch beyond those caught start a hunt (once per epoch)."""
@@ -353,7 +366,7 @@ def replay_first_nonfinite(model: nn.Module, policy, x: torch.Tensor, y: torch.T
         _forward_backward(model, policy, x, y, scale, loss_multiplier)
     found = probe.culprit()
     if found is None:
-        return Culprit("(none: the replay stayed finite)", "-", "forward", step, scale, "replayed step")
+        return Culprit("(none: the replay stayed finite)", "-", "none", step, scale, "replayed step")
     phase, i = found
     return Culprit(probe.names[i], type(modules[i]).__name__, phase, step, scale, "replayed step")
 

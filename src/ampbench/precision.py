@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import types
 from dataclasses import dataclass
 
 import torch
@@ -135,33 +136,37 @@ def float32_matches(model: torch.nn.Module, patterns: tuple[str, ...] | list[str
 def keep_float32(model: torch.nn.Module, names: list[str], device_type: str, param_dtype: torch.dtype) -> None:
     """Run the modules ``names`` outside autocast, on float32 inputs, with float32 weights: the standard fix for a
     layer that overflows (or loses too much) in 16 bits. Their outputs stay float32 under autocast (the next
-    autocast op casts what it needs) and go back to ``param_dtype`` for the *_pure ablations. Hooks, so the
-    model's structure and state_dict keys do not change."""
-    floating = lambda t: isinstance(t, torch.Tensor) and t.is_floating_point()  # noqa: E731
-
+    autocast op casts what it needs) and go back to ``param_dtype`` for the *_pure ablations. Each module's
+    ``forward`` is wrapped on the instance (a ``with torch.autocast(enabled=False)`` block, which torch.compile
+    traces; hooks entering the context by hand do not compile), so structure and state_dict keys do not change;
+    ``without_float32`` takes the wrappers off again."""
     for name in names:
         module = model.get_submodule(name)
-        if getattr(module, "_ampbench_float32", False):
+        if "_ampbench_float32" in module.__dict__:
             continue
         module.float()
-        entered: list[contextlib.AbstractContextManager] = []
+        module._ampbench_float32 = (device_type, param_dtype)
+        module.forward = types.MethodType(_float32_forward, module)
 
-        def pre(mod, args, kwargs, entered=entered):
-            ctx = torch.autocast(device_type=device_type, enabled=False)
-            ctx.__enter__()
-            entered.append(ctx)
-            return (tuple(a.float() if floating(a) else a for a in args),
-                    {k: v.float() if floating(v) else v for k, v in kwargs.items()})
 
-        def post(mod, args, output, entered=entered):
-            entered.pop().__exit__(None, None, None)
-            if param_dtype != torch.float32:
-                return torch.utils._pytree.tree_map(lambda t: t.to(param_dtype) if floating(t) else t, output)
-            return None
+def _float32_forward(self: torch.nn.Module, *args, **kwargs):
+    """``forward`` of a module kept in float32 (``keep_float32``)."""
+    device_type, param_dtype = self._ampbench_float32
+    floating = lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+    with torch.autocast(device_type=device_type, enabled=False):
+        out = type(self).forward(self, *[floating(a) for a in args], **{k: floating(v) for k, v in kwargs.items()})
+    if param_dtype == torch.float32:
+        return out
+    return torch.utils._pytree.tree_map(
+        lambda t: t.to(param_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
 
-        module.register_forward_pre_hook(pre, with_kwargs=True)
-        module.register_forward_hook(post, always_call=True)
-        module._ampbench_float32 = True
+
+def without_float32(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with ``keep_float32``'s wrappers taken off (in place): the plain module, e.g. for export."""
+    for module in model.modules():
+        if "_ampbench_float32" in module.__dict__:
+            del module.__dict__["forward"], module.__dict__["_ampbench_float32"]
+    return model
 
 
 def _cuda_capability(device: torch.device) -> tuple[int, int]:

@@ -37,6 +37,7 @@ from ampbench.precision import (
     float32_matches,
     resolve_device,
     resolve_policy,
+    without_float32,
 )
 from ampbench.training import EpochRecord, LoopConfig, TrainState, fit, init_state, throughput
 
@@ -166,7 +167,8 @@ class ArmOutputs:
             "train_samples_per_s", "train_seconds", "skipped_steps_total", "peak_memory_mb", "peak_reserved_mb")})
         tracking.log_artifacts(paths)
         if job.params.mlflow.log_model:
-            cpu_model = copy.deepcopy(model).float().cpu().eval()  # the plain model: no DDP/compile wrappers
+            # the plain model: no DDP/compile wrappers, no float32 islands (autocast is not part of it)
+            cpu_model = without_float32(copy.deepcopy(model)).float().cpu().eval()
             with cudnn_legacy_flags_readable():
                 example = job.data.test.inputs(job.data.test.x[:2]).numpy()  # model inputs, not stored pixels
                 record["model_uri"] = tracking.log_model(cpu_model, example, _requirements())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,7 +27,7 @@ from ampbench.distributed import SINGLE, World
 from ampbench.loader import InputPipeline, keep_on_device
 from ampbench.models import unwrap
 from ampbench.monitor import Diverged, Progress, ScalerHealth, WindowTimer, sync_guard
-from ampbench.numerics import ActivationProbe, NonFiniteFinder
+from ampbench.numerics import ActivationProbe, NonFiniteFinder, replay_first_nonfinite
 from ampbench.params import TrainParams
 from ampbench.precision import PrecisionPolicy
 from ampbench.telemetry import GradProbe
@@ -229,6 +230,16 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
     finder = NonFiniteFinder(tp.telemetry_every)
     health = ScalerHealth(policy.name, state.scaler, tp.divergence, device)
     timer = WindowTimer(device, cfg.timing_window, cfg.warmup_steps, steps_done=state.step)
+
+    def check(where: str, batch) -> None:
+        """The divergence check; a Diverged names the first non-finite module (caught, else a replay of ``batch``)
+        and carries the epoch's activation table so far."""
+        try:
+            health.check(sums.loss, where)
+        except Diverged as exc:
+            raise finder.explain(exc, unwrap(model), policy, batch.x, batch.y, tp.loss_multiplier, state.step,
+                                 health.loss_scale, acts.take() if acts else None) from None
+
     records = []
     for epoch in range(state.epoch, tp.epochs):
         model.train()
@@ -242,7 +253,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             hooked = acts is not None and (sample or finder.hunting)
             scale = health.loss_scale if hooked else 1.0  # the scale this step runs with (a host read)
             with sync_guard(cfg.sync_debug and not hooked and device.type == "cuda"):
-                with health.watch(), (acts.attached() if hooked else contextlib.nullcontext()):
+                with health.watch(), (acts.attached(backward=False) if hooked else contextlib.nullcontext()):
                     loss, logits = train_step(model, state.optimizer, state.scaler, policy, batch.x, batch.y, tp,
                                               probe if sample else None)
                 sums.add(loss, logits, batch.y, batch.size)
@@ -250,14 +261,13 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             timer.tick(batch.size)
             progress.step(batch.size, loss)
             if hooked:
-                finder.after_step(acts, health.went_bad(loss), state.step, scale)
+                # A skipped step left the weights as they were, so it can be replayed as it ran.
+                replay = (functools.partial(replay_first_nonfinite, unwrap(model), policy, batch.x, batch.y, scale,
+                                            tp.loss_multiplier, state.step) if health.enabled else None)
+                finder.after_step(acts, health.went_bad(loss), state.step, scale, replay)
             if sample:
                 finder.skips_seen(health.skipped_steps())
-                try:
-                    health.check(sums.loss, f"epoch {epoch + 1}, step {sums.steps}")
-                except Diverged as exc:
-                    raise finder.explain(exc, unwrap(model), policy, batch.x, batch.y, tp.loss_multiplier, state.step,
-                                         health.loss_scale, acts.take() if acts else None) from None
+                check(f"epoch {epoch + 1}, step {sums.steps}", batch)
                 sums.sampled.append({"step": state.step, "loss": loss.item(), "loss_scale": health.loss_scale,
                                      "skipped_in_epoch": health.skipped_steps()})
         seconds = timer.elapsed()
@@ -266,11 +276,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         if skipped < sums.steps:  # the LR schedule advances only when the optimizer really stepped
             state.scheduler.step()
         state.epoch = epoch + 1
-        try:
-            health.check(sums.loss, f"epoch {epoch + 1}, step {sums.steps}")
-        except Diverged as exc:
-            raise finder.explain(exc, unwrap(model), policy, batch.x, batch.y, tp.loss_multiplier, state.step,
-                                 health.loss_scale, acts.take() if acts else None) from None
+        check(f"epoch {epoch + 1}, step {sums.steps}", batch)
         train_loss, train_accuracy = sums.reduce(world)
         val_logits = predict(model, val, policy, cfg.eval_batch_size)
         val_y = val.y.to(device)
