@@ -40,6 +40,8 @@ SAMPLE = 2**16  # elements per output tensor that the shares are counted on (the
 
 def _float_tensors(output: Any) -> list[torch.Tensor]:
     """The floating-point tensors in a module's output (a tensor, or tuples/lists/dicts of them)."""
+    if isinstance(output, torch.Tensor):  # the common case, without pytree's walk
+        return [output] if output.is_floating_point() else []
     return [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
