@@ -293,13 +293,17 @@ class NonFiniteFinder:
             self.hunting_left = self.hunt_steps
             self.caught = skipped_in_epoch  # a hunt per new batch of uncaught skips, not per check
 
-    def explain(self, exc: Exception, model: nn.Module, policy, x: torch.Tensor, y: torch.Tensor,
+    def explain(self, exc: Exception, model: nn.Module, policy, x: torch.Tensor | None, y: torch.Tensor | None,
                 loss_multiplier: float, step: int, scale: float, activations: list | None = None):
         """``exc`` (a monitor.Diverged) again, naming the culprit: the run's first caught, else a replay of
-        (``x``, ``y``) at ``scale``."""
+        (``x``, ``y``) at ``scale`` (no batch: no replay; a replay that stays finite is said as such)."""
         from ampbench.monitor import Diverged
 
-        culprit = self.run_first or replay_first_nonfinite(model, policy, x, y, scale, loss_multiplier, step)
+        culprit = self.run_first
+        if culprit is None and x is not None:
+            culprit = replay_first_nonfinite(model, policy, x, y, scale, loss_multiplier, step)
+        if culprit is None or culprit.phase == "none":
+            return Diverged(f"{exc}" + (f"; {culprit}" if culprit else ""), activations=activations)
         return Diverged(f"{exc}; {culprit}", culprit=culprit.to_dict(), activations=activations)
 
     def take(self) -> dict[str, Any] | None:

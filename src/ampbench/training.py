@@ -232,12 +232,13 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
     timer = WindowTimer(device, cfg.timing_window, cfg.warmup_steps, steps_done=state.step)
 
     def check(where: str, batch) -> None:
-        """The divergence check; a Diverged names the first non-finite module (caught, else a replay of ``batch``)
-        and carries the epoch's activation table so far."""
+        """The divergence check; a Diverged names the first non-finite module (caught, else a replay of ``batch``,
+        if the epoch had one) and carries the epoch's activation table so far."""
         try:
             health.check(sums.loss, where)
         except Diverged as exc:
-            raise finder.explain(exc, unwrap(model), policy, batch.x, batch.y, tp.loss_multiplier, state.step,
+            x, y = (batch.x, batch.y) if batch is not None else (None, None)
+            raise finder.explain(exc, unwrap(model), policy, x, y, tp.loss_multiplier, state.step,
                                  health.loss_scale, acts.take() if acts else None) from None
 
     records = []
@@ -247,6 +248,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         sums = _EpochSums(device)
         progress = Progress(tp.progress, len(train), f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{tp.epochs}")
         timer.start()
+        batch = None  # an epoch that yields no batch still reaches the epoch-end check
         for batch in inputs.epoch(state.generator, state.step):
             sample = sums.steps % tp.telemetry_every == 0  # this step feeds telemetry and the divergence check
             # Hooks on for sampled steps, and for every step while hunting an unsampled skip's module.
