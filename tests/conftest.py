@@ -130,6 +130,23 @@ def gpu_box_env(tmp_path: Path, blocked: tuple[str, ...] = TORCH_ONLY) -> dict[s
     return {"PYTHONPATH": f"{tmp_path}:{ROOT / 'src'}", "PATH": "/usr/bin:/bin"}
 
 
+def prepare_synthetic(folder: Path, prepare: dict, train: dict | None = None) -> tuple[dict, Path]:
+    """The tiny params with synthetic data (``prepare`` overrides, ``train`` overrides, no model logging), written
+    to ``folder``/params.yaml and prepared by the prepare stage into ``folder``/prepared: (params, prepared)."""
+    from click.testing import CliRunner
+    from pipeline.prepare import main as prepare_stage
+
+    params = yaml.safe_load(yaml.safe_dump(TINY))
+    params["prepare"].update({"dataset": "synthetic", "max_train": None, **prepare})
+    params["train"].update(train or {})
+    params["mlflow"]["log_model"] = False
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    result = CliRunner().invoke(prepare_stage, ["--params", str(path), "--out", str(folder / "prepared")])
+    assert result.exit_code == 0, result.output
+    return params, folder / "prepared"
+
+
 @pytest.fixture
 def tiny_params() -> dict:
     """A deep copy of the tiny params (1 epoch, 1 seed, 240 digits, CPU)."""

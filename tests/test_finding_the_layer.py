@@ -10,7 +10,6 @@ from collections import OrderedDict
 
 import pytest
 import torch
-import yaml
 from click.testing import CliRunner
 from examples.overflow_model import Gain, build
 from torch import nn
@@ -245,22 +244,13 @@ def test_islands_work_for_pure_16_bit_weights_too():
 @pytest.fixture(scope="module")
 def easy(tmp_path_factory):
     """Easy 1-channel 8×8 synthetic data with a large test split (1080 images), so equivalence is decidable."""
-    from conftest import TINY
+    from conftest import prepare_synthetic
 
-    folder = tmp_path_factory.mktemp("easy")
-    params = yaml.safe_load(yaml.safe_dump(TINY))
-    params["prepare"].update({"dataset": "synthetic", "max_train": None, "max_test": None, "test_fraction": 0.45,
-                              "val_fraction": 0.1, "synthetic": {"image_size": 8, "channels": 1, "classes": 4,
-                                                                 "count": 2400, "noise": 1.0}})
-    params["train"].update({"model": "examples.overflow_model:build", "model_code": "examples/overflow_model.py",
-                            "precisions": ["fp32", "fp16", "fp16_noscaler"], "seeds": [0], "epochs": 2,
-                            "batch_size": 64})
-    params["mlflow"]["log_model"] = False
-    path = folder / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    result = CliRunner().invoke(_stage("prepare"), ["--params", str(path), "--out", str(folder / "prepared")])
-    assert result.exit_code == 0, result.output
-    return params, folder / "prepared"
+    return prepare_synthetic(tmp_path_factory.mktemp("easy"), {
+        "max_test": None, "test_fraction": 0.45, "val_fraction": 0.1,
+        "synthetic": {"image_size": 8, "channels": 1, "classes": 4, "count": 2400, "noise": 1.0}}, {
+        "model": "examples.overflow_model:build", "model_code": "examples/overflow_model.py",
+        "precisions": ["fp32", "fp16", "fp16_noscaler"], "seeds": [0], "epochs": 2, "batch_size": 64})
 
 
 def _pipeline(params, data, tmp_path, write_params, name):

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-import yaml
 from click.testing import CliRunner
 
 from ampbench.errors import ParamsError
@@ -138,18 +137,10 @@ def test_editing_the_factory_changes_the_code_version(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     """Tiny 1-channel 16×16 synthetic data (120 images, 4 classes), prepared once."""
-    from conftest import TINY
+    from conftest import prepare_synthetic
 
-    folder = tmp_path_factory.mktemp("synthetic")
-    params = yaml.safe_load(yaml.safe_dump(TINY))
-    params["prepare"].update({"dataset": "synthetic", "max_train": None,
-                              "synthetic": {"image_size": 16, "channels": 1, "classes": 4, "count": 120, "noise": 1.0}})
-    params["mlflow"]["log_model"] = False
-    path = folder / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    result = CliRunner().invoke(_stage("prepare"), ["--params", str(path), "--out", str(folder / "prepared")])
-    assert result.exit_code == 0, result.output
-    return params, folder / "prepared"
+    return prepare_synthetic(tmp_path_factory.mktemp("synthetic"), {
+        "synthetic": {"image_size": 16, "channels": 1, "classes": 4, "count": 120, "noise": 1.0}})
 
 
 @pytest.mark.parametrize("model, args", [("torchvision.mobilenet_v3_small", {}),

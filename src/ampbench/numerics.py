@@ -312,12 +312,6 @@ class NonFiniteFinder:
         return first.to_dict() if first else None
 
 
-def fix_line(modules: list[str]) -> str:
-    """The rerun that keeps ``modules`` in float32 (train.fp32_modules), as a user types it."""
-    listed = ", ".join(f'"{m}"' for m in modules)  # quoted: YAML would read a Sequential's "2" as a number
-    return f".venv/bin/dvc exp run --temp -S 'train.fp32_modules=[{listed}]'"
-
-
 @torch.no_grad()
 def first_nonfinite_weights(model: nn.Module) -> str | None:
     """The first module (registration order) holding a non-finite parameter, or None."""

@@ -11,7 +11,6 @@ from typing import Any
 
 from ampbench.arms import BASELINE, TF32_REFERENCE, adoption_code
 from ampbench.arms import get as get_arm
-from ampbench.numerics import fix_line
 
 CURVE_KEYS = ("train_loss", "val_loss", "val_accuracy", "loss_scale")
 # Also written to the DVC plot rows (not drawn in the PNG): the scaler and underflow story per epoch.
@@ -224,6 +223,12 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
 
 NO_EFFECT_SHARE = 0.05  # an autocast arm with less of its matmul/conv/attention FLOPs in 16 bits did not use them
 ACTIVATION_ROWS = 8  # modules shown in the report's activation table
+
+
+def fix_line(modules: list[str]) -> str:
+    """The rerun that keeps ``modules`` in float32 (train.fp32_modules), as a user types it."""
+    listed = ", ".join(f'"{m}"' for m in modules)  # quoted: YAML would read a Sequential's "2" as a number
+    return f".venv/bin/dvc exp run --temp -S 'train.fp32_modules=[{listed}]'"
 
 
 def _finite_or(x: float | None, spec: str, otherwise: str) -> str:

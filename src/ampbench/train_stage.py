@@ -29,7 +29,7 @@ from ampbench.layout import ArmFiles
 from ampbench.loader import batches_per_epoch, keep_on_device
 from ampbench.model_factory import ModelSpec, build, inspect_model
 from ampbench.monitor import Diverged, epoch_line
-from ampbench.numerics import count_step_flops, fix_line, merge_tables
+from ampbench.numerics import count_step_flops, merge_tables
 from ampbench.params import Params
 from ampbench.precision import (
     PrecisionPolicy,
@@ -39,6 +39,7 @@ from ampbench.precision import (
     resolve_policy,
     without_float32,
 )
+from ampbench.report import fix_line
 from ampbench.training import EpochRecord, LoopConfig, TrainState, fit, init_state, throughput
 
 
