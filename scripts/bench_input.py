@@ -35,7 +35,8 @@ def main(raw: Path, rounds: int, steps: int, batch_size: int, workers: int) -> N
     from ampbench.models import build_builtin
     from ampbench.params import PrepareParams, TrainParams
     from ampbench.precision import resolve_policy
-    from ampbench.training import make_optimizer, train_step
+    from ampbench.step import train_step
+    from ampbench.training import make_optimizer
 
     start = time.perf_counter()
     data = prepare(PrepareParams(dataset="fashion_mnist", raw_dir=str(raw)), raw)

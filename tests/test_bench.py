@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
-from ampbench.bench import BenchConfig, main, run
+from ampbench.bench.cli import main
+from ampbench.bench.config import BenchConfig
+from ampbench.bench.loop import measure
 
 TINY = ["--steps", "6", "--rounds", "2", "--window", "2", "--warmup-steps", "2", "--batch-size", "16",
         "--image-size", "8", "--width", "4", "--arms", "fp32,tf32,bf16"]
@@ -49,7 +51,7 @@ def test_steady_state_steps_never_sync_on_gpu(tmp_path):
     """Every arm's steady-state step under torch.cuda.set_sync_debug_mode('error')."""
     cfg = BenchConfig(device="cuda", steps=12, rounds=1, window=4, warmup_steps=2, sync_debug=True,
                       arms=["fp32", "tf32", "fp16", "bf16"], overhead_arms=["fp16"], mlflow=False)
-    result = run(cfg)  # raises on any implicit host-device sync in a steady-state step
+    result = measure(cfg)  # raises on any implicit host-device sync in a steady-state step
     assert all("samples_per_s" in a or "skipped" in a for a in result["arms"].values())
     assert torch.cuda.get_sync_debug_mode() == 0
 
@@ -75,7 +77,7 @@ def test_each_arms_memory_is_measured_with_only_its_own_state_alive(monkeypatch)
     import gc
     import weakref
 
-    from ampbench import benchloop
+    from ampbench.bench import loop as benchloop
 
     live = weakref.WeakSet()
     alive_at_reset = []
@@ -94,7 +96,7 @@ def test_each_arms_memory_is_measured_with_only_its_own_state_alive(monkeypatch)
     monkeypatch.setattr(benchloop, "reset_peak_memory", counting_reset)
     cfg = BenchConfig(device="cpu", steps=4, rounds=2, window=2, warmup_steps=1, batch_size=16, image_size=8,
                       width=4, arms=["fp32", "bf16", "fp16"], overhead_arms=["fp32"], mlflow=False)
-    result = run(cfg)
+    result = measure(cfg)
     assert max(alive_at_reset) == 3  # the interleaved throughput rounds: every arm alive
     assert alive_at_reset[-3:] == [1, 1, 1]  # the memory pass: one arm at a time
     assert all(result["arms"][a]["peak_memory_mb"] > 0 for a in cfg.arms)

@@ -14,12 +14,14 @@ from click.testing import CliRunner
 from examples.overflow_model import Gain, build
 from torch import nn
 
-from ampbench.data import Split
+from ampbench.activations import ActivationProbe, headroom_log2, merge_tables
+from ampbench.flops import count_step_flops
 from ampbench.monitor import Diverged
-from ampbench.numerics import ActivationProbe, count_step_flops, headroom_log2, merge_tables, replay_first_nonfinite
+from ampbench.nonfinite import replay_first_nonfinite
 from ampbench.params import TrainParams
 from ampbench.precision import float32_matches, resolve_policy
 from ampbench.report import ArmReport, no_effect
+from ampbench.splits import Split
 from ampbench.training import LoopConfig, fit, init_state
 
 CPU = torch.device("cpu")

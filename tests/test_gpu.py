@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampbench.data import Norm, Split
 from ampbench.determinism import seed_everything
 from ampbench.metrics import arm_seed_metrics
 from ampbench.models import build_builtin
 from ampbench.params import TrainParams
 from ampbench.precision import resolve_policy
+from ampbench.splits import Norm, Split
 from ampbench.training import LoopConfig, fit, init_state, predict
 
 pytestmark = pytest.mark.gpu
@@ -91,12 +91,13 @@ def test_tf32_is_really_on_in_tf32_and_really_off_in_fp32():
 
 
 def test_16bit_arms_need_less_memory_than_fp32_for_resnet18_at_batch_512():
-    from ampbench.bench import BenchConfig, run
+    from ampbench.bench.config import BenchConfig
+    from ampbench.bench.loop import measure
 
     cfg = BenchConfig(device="cuda", model="resnet18", image_size=32, channels=3, batch_size=512, steps=6,
                       rounds=1, window=2, warmup_steps=2, arms=["fp32", "fp16", "bf16"], overhead_arms=[],
                       mlflow=False)
-    arms = run(cfg)["arms"]
+    arms = measure(cfg)["arms"]
     for arm in ("fp16", "bf16"):
         assert arms[arm]["memory_vs_fp32"] < 1.0, f"{arm}: {arms[arm]['memory_vs_fp32']:.2f}× fp32's peak memory"
 
@@ -112,7 +113,7 @@ def test_channels_last_and_compiled_arms_train(data, options):
                                         ("bf16", "bfloat16")])
 def test_flops_are_counted_in_the_dtype_the_gpu_computed_in(arm, dtype):
     """Proof of what ran on CUDA: every matmul/conv FLOP of small_cnn in the arm's dtype, TF32 only in tf32."""
-    from ampbench.numerics import count_step_flops
+    from ampbench.flops import count_step_flops
 
     policy = resolve_policy(arm, CUDA)
     policy.apply_backend_flags()

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ampbench import loader
-from ampbench.data import Norm, Split
 from ampbench.loader import InputPipeline, index_batches, keep_on_device
+from ampbench.splits import Norm, Split
 
 CPU = torch.device("cpu")
 

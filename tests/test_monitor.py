@@ -12,21 +12,21 @@ CPU = torch.device("cpu")
 def test_windows_skip_warm_up_and_never_span_an_epoch():
     timer = WindowTimer(CPU, window=3, warmup_steps=4)
     timer.start()
-    for _ in range(10):  # windows of steps 1–3, 4–6, 7–9: only the last lies wholly after the 4 warm-up steps
-        timer.tick(8)
+    for step in range(1, 11):  # windows of steps 1–3, 4–6, 7–9: only the last lies wholly after the 4 warm-up steps
+        timer.tick(8, step)
     assert len(timer.take()) == 1 and timer.take() == []
     timer.start()  # a new epoch: step 10's open window is dropped, counting starts again
-    for _ in range(3):
-        timer.tick(8)
+    for step in range(11, 14):
+        timer.tick(8, step)
     (rate,) = timer.take()
     assert rate > 0
 
 
 def test_a_resumed_run_is_already_past_its_warm_up():
-    timer = WindowTimer(CPU, window=2, warmup_steps=100, steps_done=500)
+    timer = WindowTimer(CPU, window=2, warmup_steps=100)
     timer.start()
-    timer.tick(4)
-    timer.tick(4)
+    timer.tick(4, 501)  # the run's step count, not the process's: 500 steps were done before the interruption
+    timer.tick(4, 502)
     assert len(timer.windows) == 1
 
 

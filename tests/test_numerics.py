@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from ampbench.data import Split
 from ampbench.monitor import Diverged
 from ampbench.params import DivergenceParams, GradScalerParams, TrainParams
 from ampbench.precision import resolve_policy
+from ampbench.splits import Split
 from ampbench.training import LoopConfig, fit, init_state, predict
 
 CPU = torch.device("cpu")

@@ -30,7 +30,7 @@ def test_runs_record_the_uri_without_secrets(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     tracking.setup(tmp_path, "t")
-    with tracking.run("r", {}, {"a": "1"}) as run_id:
+    with tracking.open_run("r", {}, {"a": "1"}) as run_id:
         pass
     run = mlflow.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["ampbench.tracking_uri"] == uri
@@ -44,7 +44,7 @@ def test_crash_ends_run_failed_and_interrupt_killed(tmp_path, monkeypatch):
     ids = {}
     for exc, key in ((ValueError("boom"), "crash"), (KeyboardInterrupt("SIGTERM"), "kill")):
         with pytest.raises(type(exc)):
-            with tracking.run(key, {}, {}) as run_id:
+            with tracking.open_run(key, {}, {}) as run_id:
                 ids[key] = run_id
                 raise exc
     crash, kill = mlflow.get_run(ids["crash"]), mlflow.get_run(ids["kill"])
@@ -65,7 +65,7 @@ def test_deleted_experiment_is_a_clear_error(tmp_path, monkeypatch):
 def test_a_row_inserted_by_a_concurrent_writer_is_retried_not_fatal():
     """Four experiments logging the same data set to PostgreSQL at once: one insert loses the race with
     "duplicate key value violates unique constraint"; the retry finds the row (seen in CI, 1 run of 3)."""
-    from ampbench.tracking import _retry
+    from ampbench.tracking.retry import retry
 
     calls = []
 
@@ -75,7 +75,7 @@ def test_a_row_inserted_by_a_concurrent_writer_is_retried_not_fatal():
             raise RuntimeError('duplicate key value violates unique constraint "dataset_pk"')
         return "logged"
 
-    assert _retry(log_input)() == "logged" and len(calls) == 2
+    assert retry(log_input)() == "logged" and len(calls) == 2
 
 
 # --- issue 14: artifact locations, credentials, dead runs, broken stores ---------------------------------------
@@ -94,10 +94,10 @@ def test_user_stores_get_lasting_artifact_locations(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql://u:pw@db/mlflow")
     uri, location = tracking.store_uris(project)
     with pytest.raises(AmpbenchError, match="set AMPBENCH_ARTIFACT_LOCATION") as err:
-        tracking._check_artifact_location(uri, location)
+        tracking.store.check_artifact_location(uri, location)
     assert "pw" not in str(err.value)
     with pytest.raises(AmpbenchError, match="inside a DVC temporary copy"):
-        tracking._check_existing_location("e", "file:///x/.dvc/tmp/exps/tmpab12/mlruns/1")
+        tracking.store.check_existing_location("e", "file:///x/.dvc/tmp/exps/tmpab12/mlruns/1")
 
 
 def test_a_new_experiment_in_a_new_user_store_keeps_artifacts_beside_it(tmp_path, monkeypatch):
@@ -211,7 +211,7 @@ def test_a_store_failing_while_closing_a_run_leaves_the_original_error(tmp_path,
         raise mlflow.exceptions.MlflowException("connection refused")
 
     with pytest.raises(ValueError, match="boom"):
-        with tracking.run("r", {}, {}) as run_id:
+        with tracking.open_run("r", {}, {}) as run_id:
             monkeypatch.setattr(MlflowClient, "set_terminated", dead_store)
             raise ValueError("boom")
     assert mlflow.active_run() is None
@@ -219,7 +219,7 @@ def test_a_store_failing_while_closing_a_run_leaves_the_original_error(tmp_path,
 
 
 def _finished(arm, parent):
-    with tracking.run(f"{arm}-seed0", {"precision": arm}, {}, parent_id=parent):
+    with tracking.open_run(f"{arm}-seed0", {"precision": arm}, {}, parent_id=parent):
         pass
 
 
@@ -246,7 +246,7 @@ def test_one_parent_per_execution_rerun_gets_a_new_one_added_arm_joins(tmp_path,
     assert tracking.execution_parent(exp, "k2", "exp-b", "fp16", {}, {}) not in (parent, rerun)  # other inputs
 
     with pytest.raises(RuntimeError):  # a failed fp16 under the rerun's parent...
-        with tracking.run("fp16-seed0", {"precision": "fp16"}, {}, parent_id=rerun):
+        with tracking.open_run("fp16-seed0", {"precision": "fp16"}, {}, parent_id=rerun):
             raise RuntimeError("boom")
     assert tracking.execution_parent(exp, "k1", "exp-a", "fp16", {}, {}) == rerun  # ...is retried under it
     children = mlflow.search_runs([exp], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", output_format="list")
@@ -259,7 +259,7 @@ def test_an_evaluation_goes_to_the_runs_parent_unless_it_has_another_one(tmp_pat
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
     exp = tracking.setup(tmp_path, "t")
     parent = tracking.execution_parent(exp, "k", "exp-a", "fp32", {}, {})
-    with tracking.run("fp32-seed0", {"precision": "fp32"}, {}, parent_id=parent) as child:
+    with tracking.open_run("fp32-seed0", {"precision": "fp32"}, {}, parent_id=parent) as child:
         pass
     assert tracking.evaluation_parent(exp, [child], "e1", "exp-a", {}, {"evaluate.confidence": "0.95"}) == parent
     assert tracking.evaluation_parent(exp, [child], "e1", "exp-a", {}, {}) == parent  # the same evaluation again
@@ -280,11 +280,11 @@ def test_system_metrics_are_sampled_into_the_run(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
     tracking.setup(tmp_path, "t")
-    with tracking.run("r", {}, {}, system_metrics_every=0.1) as run_id:
+    with tracking.open_run("r", {}, {}, system_metrics_every=0.1) as run_id:
         time.sleep(1.0)  # ≈ 10 samples: points sent while running
     metrics = mlflow.get_run(run_id).data.metrics
     assert "system/cpu_utilization_percentage" in metrics and "system/system_memory_usage_megabytes" in metrics
-    with tracking.run("off", {}, {}, system_metrics_every=0) as run_id:
+    with tracking.open_run("off", {}, {}, system_metrics_every=0) as run_id:
         time.sleep(0.3)
     assert not [k for k in mlflow.get_run(run_id).data.metrics if k.startswith("system/")]
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from ampbench import training
-from ampbench.data import Split
+from ampbench import step
 from ampbench.params import GradScalerParams, TrainParams
 from ampbench.precision import resolve_policy
+from ampbench.splits import Split
 from ampbench.training import LoopConfig, fit, init_state, throughput
 
 CPU = torch.device("cpu")
@@ -60,7 +60,7 @@ def test_step_follows_the_tutorial_order(monkeypatch):
     monkeypatch.setattr(opt, "zero_grad", lambda **kw: (calls.append("zero_grad"), orig_zero(**kw)))
     monkeypatch.setattr(type(policy), "autocast", lambda self: SpyAutocast())
     data = _blobs(8)
-    loss, logits = training.train_step(model, opt, SpyScaler(), policy, data.x, data.y, TrainParams())
+    loss, logits = step.train_step(model, opt, SpyScaler(), policy, data.x, data.y, TrainParams())
     assert calls == ["zero_grad", "autocast_enter", "forward", "autocast_exit", "scale", "backward", "step", "update"]
     assert loss.dtype == torch.float32  # loss computed inside autocast stays float32
 

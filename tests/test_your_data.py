@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from ampbench.data import FASHION_CLASSES, prepare, read_idx
+from ampbench.data import prepare
 from ampbench.errors import DataError
 from ampbench.params import PrepareParams
+from ampbench.readers import FASHION_CLASSES, read_idx
 
 DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 

@@ -169,7 +169,7 @@ def _group_alive(pgid: int) -> bool:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(args: tuple[str, ...]) -> None:
     """Pipeline loop vs the tutorial's bare loop, and every arm vs fp32/tf32 (run `ampbench bench --help`)."""
-    from ampbench.bench import main as bench_main
+    from ampbench.bench.cli import main as bench_main
 
     raise SystemExit(bench_main(list(args)))
 

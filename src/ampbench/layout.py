@@ -42,7 +42,7 @@ class ArmFiles:
         return self.root / f"grad_layers-seed{seed}.json"
 
     def activations(self, seed: int) -> Path:
-        """Per-module output ranges over the sampled steps (numerics.merge_tables), closest to fp16's top first."""
+        """Per-module output ranges over the sampled steps (activations.merge_tables), closest to fp16's top first."""
         return self.root / f"activations-seed{seed}.json"
 
 

@@ -8,7 +8,7 @@ generator (CPU, seeded) and cuts it into global batches; then either
 - **streaming** (sets too large for that): a ``DataLoader`` whose workers slice the stored (memory-mapped) split
   on the host, into pinned memory, copied with ``non_blocking=True``; workers persist across epochs.
 
-Both then normalise on the device (``data.Norm``), apply the augmentation and the policy's input cast, so for the
+Both then normalise on the device (``splits.Norm``), apply the augmentation and the policy's input cast, so for the
 same seed both paths give the same batches, bit for bit. The augmentation (``train.augment: crop_flip``, the CIFAR
 recipe: zero padding of 4, random 32×32-style crop back to size, horizontal flip with p 0.5) draws its randomness
 from a generator seeded by (seed, step), independent of the arm: every arm of a seed sees the same augmented
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from ampbench import distributed
-from ampbench.data import Split
 from ampbench.distributed import World
 from ampbench.hardware import available_memory
+from ampbench.splits import Split
 
 DEVICE_SHARE = 0.25  # auto: keep a split on the device when it takes at most this share of free device memory
 PAD = 4  # crop_flip: zero padding on each side before the random crop (the CIFAR recipe)

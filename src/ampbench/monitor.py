@@ -1,8 +1,9 @@
-"""Side concerns of the training loop, each a small object the loop calls once per step.
+"""The training loop's instruments, each a small object called once per step (``watch.py`` holds them together).
 
 - ``ScalerHealth``: which steps the GradScaler skipped, the longest run of skips, the loss scale, divergence.
 - ``WindowTimer``: throughput over windows of steps bounded by one device sync (also the bench's bare loop).
-- ``Progress``: the tqdm bar, drawn only on a terminal; ``epoch_line``: the one line per epoch for every output.
+- ``ProgressBar``: the tqdm bar, drawn only on a terminal; ``epoch_line``: the one line per epoch for every output.
+- ``sync_guard``: CUDA's sync debug mode around steps that must not wait for the device.
 
 Everything per step stays on the device; the host reads numbers only at sampled steps and at epoch ends.
 """
@@ -20,7 +21,7 @@ from ampbench.params import DivergenceParams
 
 class Diverged(AmpbenchError):
     """Training of one arm went numerically wrong; the message says how. ``culprit``: the first module that went
-    non-finite (numerics.Culprit.to_dict), ``activations``: the epoch's per-module table so far."""
+    non-finite (nonfinite.Culprit.to_dict), ``activations``: the epoch's per-module table so far."""
 
     def __init__(self, message: str, culprit: dict | None = None, activations: list | None = None):
         super().__init__(message)
@@ -99,9 +100,8 @@ class WindowTimer:
     """Samples/s over windows of ``window`` steps, each closed by one device sync; a window that starts within
     the first ``warmup_steps`` steps (allocator, autotuning, caches) is not kept. Windows never span an epoch."""
 
-    def __init__(self, device: torch.device, window: int, warmup_steps: int, steps_done: int = 0):
+    def __init__(self, device: torch.device, window: int, warmup_steps: int):
         self.device, self.window, self.warmup_steps = device, window, warmup_steps
-        self.step = steps_done  # steps seen in the whole run (a resumed run starts past its warm-up)
         self.windows: list[float] = []  # samples/s of each kept window
 
     def start(self) -> None:
@@ -110,15 +110,15 @@ class WindowTimer:
         self.t0 = self.window_t0 = time.perf_counter()
         self.in_window = self.samples = 0
 
-    def tick(self, samples: int) -> None:
-        """After one step of ``samples`` samples."""
-        self.step += 1
+    def tick(self, samples: int, step: int) -> None:
+        """After one step of ``samples`` samples; ``step``: the steps done in the whole run, this one included (a
+        resumed run starts past its warm-up)."""
         self.in_window += 1
         self.samples += samples
         if self.in_window == self.window:
             sync(self.device)
             now = time.perf_counter()
-            if self.step - self.in_window >= self.warmup_steps:
+            if step - self.in_window >= self.warmup_steps:
                 self.windows.append(self.samples / (now - self.window_t0))
             self.window_t0, self.in_window, self.samples = now, 0, 0
 
@@ -133,23 +133,23 @@ class WindowTimer:
         return taken
 
 
-class Progress:
+class ProgressBar:
     """A tqdm bar per epoch when ``enabled`` and attached to a terminal; the loss is read (a host sync) only for a
     bar that is drawn, every ``every`` steps."""
 
     def __init__(self, enabled: bool, total: int, desc: str, every: int = 50):
-        self.bar, self.every, self.steps = None, every, 0
+        self.bar, self.every = None, every
         if enabled:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=total, unit="sample", unit_scale=True, leave=False, disable=None, desc=desc)
             self.bar = None if bar.disable else bar
 
-    def step(self, samples: int, loss: torch.Tensor) -> None:
-        self.steps += 1
+    def step(self, samples: int, loss: torch.Tensor, step: int) -> None:
+        """After step ``step`` (of the run) of ``samples`` samples with loss ``loss`` (on the device)."""
         if self.bar is not None:
             self.bar.update(samples)
-            if self.steps % self.every == 0:
+            if step % self.every == 0:
                 self.bar.set_postfix(loss=f"{loss.item():.4f}")
 
     def close(self) -> None:

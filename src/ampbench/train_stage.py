@@ -19,17 +19,18 @@ from typing import Any
 import torch
 
 from ampbench import checkpoint, distributed, resume, tracking
+from ampbench.activations import merge_tables
 from ampbench.console import log
-from ampbench.data import Prepared, load_prepared
+from ampbench.data import load_prepared
 from ampbench.determinism import seed_everything, set_deterministic
 from ampbench.errors import AmpbenchError, ArmUnavailable, ParamsError, StoreError
 from ampbench.fileio import atomic_write_json, dvc_md5
+from ampbench.flops import count_step_flops
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.layout import ArmFiles
 from ampbench.loader import batches_per_epoch, keep_on_device
 from ampbench.model_factory import ModelSpec, build, inspect_model
 from ampbench.monitor import Diverged, epoch_line
-from ampbench.numerics import count_step_flops, merge_tables
 from ampbench.params import Params
 from ampbench.precision import (
     PrecisionPolicy,
@@ -40,6 +41,7 @@ from ampbench.precision import (
     without_float32,
 )
 from ampbench.report import fix_line
+from ampbench.splits import Prepared
 from ampbench.training import EpochRecord, LoopConfig, TrainState, fit, init_state, throughput
 
 
@@ -108,7 +110,7 @@ class ArmOutputs:
         tags = {**self.tags, "precision": job.arm, "seed": str(job.seed), "device": hw["device_name"],
                 "ablation": str(job.policy.ablation).lower(), "world_size": world,
                 **{f"hw.{k}": v for k, v in hw.items()}, "ampbench.role": "arm"}
-        return tracking.run(job.name, tags, params, run_id=run_id, parent_id=self.parent,
+        return tracking.open_run(job.name, tags, params, run_id=run_id, parent_id=self.parent,
                             system_metrics_every=job.params.mlflow.system_metrics_every)
 
     def dataset(self, job: SeedJob, data_dir: Path) -> None:
@@ -372,7 +374,7 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
 
 def count_flops(job: SeedJob, model: torch.nn.Module) -> dict[str, Any]:
     """One training step's forward and backward on up to 16 training samples, counted by dtype at the dispatcher
-    (numerics.count_step_flops), with the TF32 state read back; training is unaffected."""
+    (flops.count_step_flops), with the TF32 state read back; training is unaffected."""
     split = job.data.train
     n = min(job.params.train.batch_size, 16, len(split))
     x = job.policy.cast_input(split.inputs(split.x[:n].to(job.device))).to(memory_format=_memory_format(job))

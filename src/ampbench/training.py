@@ -1,18 +1,16 @@
-"""The training loop: the tutorial's mixed-precision step, driven by a ``PrecisionPolicy``, reporting by callback.
+"""The training loop: the tutorial's mixed-precision step (``step.train_step``) over epochs, reporting by callback.
 
-The step is exactly the seed's: forward and loss inside ``policy.autocast()``; ``scaler.scale(loss).backward()``;
-``scaler.step(optimizer)``; ``scaler.update()``. For arms without a scaler the scaler is disabled and passes
-through, so the loop has one code path for every precision. Its settings are the validated ``train`` params,
-passed whole (``LoopConfig.train``). Batches come from ``loader.InputPipeline`` (device-resident tensors or a
-streaming DataLoader, the same batches either way); running sums stay on the device and are read once per epoch
-(no per-step host sync). Side concerns live in ``monitor.py``.
+``fit`` is the recipe: for each epoch, for each batch, one step between the calls of two watchers (``watch.py``:
+numerics and speed); then the LR schedule, validation and one ``EpochRecord``. It never branches on precision:
+the ``PrecisionPolicy`` hands it the autocast context and the scaler. Its settings are the validated ``train``
+params, passed whole (``LoopConfig.train``). Batches come from ``loader.InputPipeline`` (device-resident tensors
+or a streaming DataLoader, the same batches either way); running sums stay on the device and are read once per
+epoch (no per-step host sync).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable
@@ -22,15 +20,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ampbench import distributed
-from ampbench.data import Split
 from ampbench.distributed import SINGLE, World
 from ampbench.loader import InputPipeline, keep_on_device
 from ampbench.models import unwrap
-from ampbench.monitor import Diverged, Progress, ScalerHealth, WindowTimer, sync_guard
-from ampbench.numerics import ActivationProbe, NonFiniteFinder, replay_first_nonfinite
 from ampbench.params import TrainParams
 from ampbench.precision import PrecisionPolicy
-from ampbench.telemetry import GradProbe
+from ampbench.splits import Split
+from ampbench.step import train_step
+from ampbench.watch import NumericsWatch, SpeedWatch
 
 
 @dataclass(frozen=True)
@@ -79,8 +76,8 @@ class EpochRecord:
     steps: list[dict[str, float]] = field(default_factory=list)  # sampled steps: step, loss, skips, scale
     layers: dict[str, dict[str, float]] = field(default_factory=dict)  # per-parameter gradient shares
     windows: list[float] = field(default_factory=list)  # samples/s of each timing window after warm-up
-    activations: list[dict] = field(default_factory=list)  # per-module output ranges (numerics.ActivationProbe)
-    nonfinite: dict | None = None  # the first non-finite module found this epoch (numerics.Culprit.to_dict)
+    activations: list[dict] = field(default_factory=list)  # per-module output ranges (activations.ActivationProbe)
+    nonfinite: dict | None = None  # the first non-finite module found this epoch (nonfinite.Culprit.to_dict)
 
     def row(self) -> dict[str, float]:
         """The epoch's metrics as one flat history row (history.json, MLflow, DVC plots)."""
@@ -136,32 +133,6 @@ def init_state(model: nn.Module, policy: PrecisionPolicy, cfg: LoopConfig, devic
     )
 
 
-def train_step(model, optimizer, scaler, policy: PrecisionPolicy, x: torch.Tensor, y: torch.Tensor,
-               tp: TrainParams, probe: GradProbe | None = None):
-    """One optimizer step, the tutorial's order. Returns (loss, logits), both still on the device.
-
-    With clipping or a probe: scale → backward → ``unscale_`` → clip → step → update, so the clip threshold
-    and the probe's "true" numbers apply to real gradients; ``step`` then skips its own unscaling.
-    """
-    optimizer.zero_grad(set_to_none=True)
-    with policy.autocast():
-        logits = model(x)
-        # float32 loss for every arm (autocast would keep cross_entropy in float32 anyway; the *_pure arms don't)
-        loss = F.cross_entropy(logits.float(), y)
-    scaler.scale(loss * tp.loss_multiplier).backward()  # scale up so small fp16 gradients survive
-    if probe is not None:
-        probe.sample(model, "scaled")  # what the scaler protects: gradients as backward left them
-    if tp.clip_grad_norm is not None or probe is not None:
-        scaler.unscale_(optimizer)  # true gradients from here on
-        if probe is not None:
-            probe.sample(model, "true")
-        if tp.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tp.clip_grad_norm)
-    scaler.step(optimizer)  # unscale (unless done above), then step unless inf/NaN
-    scaler.update()  # adjust the scale factor
-    return loss, logits
-
-
 @torch.no_grad()
 def predict(model: nn.Module, data: torch.Tensor | Split, policy: PrecisionPolicy, batch_size: int) -> torch.Tensor:
     """Logits in the policy's precision, float32 (N, classes), for model inputs ``data`` (on the model's device)
@@ -182,20 +153,18 @@ def predict(model: nn.Module, data: torch.Tensor | Split, policy: PrecisionPolic
     return torch.cat(outs)
 
 
-class _EpochSums:
+class EpochSums:
     """One epoch's running loss and accuracy sums, kept on the device (summed over ranks at the end)."""
 
     def __init__(self, device: torch.device):
         self.loss = torch.zeros((), device=device)
         self.correct = torch.zeros((), device=device, dtype=torch.int64)
-        self.seen = self.steps = 0  # global samples and steps
-        self.sampled: list[dict[str, float]] = []  # rows of the steps sampled for telemetry
+        self.seen = 0  # global samples
 
     def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, global_batch: int) -> None:
         self.loss += loss.detach().float() * len(y)
         self.correct += (logits.argmax(dim=1) == y).sum()
         self.seen += global_batch
-        self.steps += 1
 
     def reduce(self, world: World) -> tuple[float, float]:
         """(mean loss, accuracy) over every rank's share of the epoch."""
@@ -205,93 +174,66 @@ class _EpochSums:
         return (self.loss / n).item(), self.correct.item() / n
 
 
+def validate(model: nn.Module, val: Split, policy: PrecisionPolicy, batch_size: int) -> tuple[float, float]:
+    """(loss, accuracy) of ``model`` on the validation split, in the policy's precision."""
+    logits = predict(model, val, policy, batch_size)
+    y = val.y.to(logits.device)
+    return F.cross_entropy(logits, y).item(), (logits.argmax(dim=1) == y).float().mean().item()
+
+
+def input_pipeline(train: Split, policy: PrecisionPolicy, cfg: LoopConfig, device: torch.device,
+                   world: World) -> InputPipeline:
+    """The run's batches: on the device or streamed (``cfg.on_device``, else ``train.data_on_device``)."""
+    tp = cfg.train
+    on_device = cfg.on_device if cfg.on_device is not None else keep_on_device(tp.data_on_device, train, device)
+    return InputPipeline(train, device, on_device=on_device, batch_size=tp.batch_size, augment=tp.augment,
+                         seed=cfg.seed, cast=policy.cast_input,
+                         memory_format=torch.channels_last if tp.channels_last else torch.contiguous_format,
+                         workers=tp.loader_workers, world=world)
+
+
 def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cfg: LoopConfig,
         on_epoch: Callable[[EpochRecord, TrainState], None] | None = None,
         world: World = SINGLE) -> list[EpochRecord]:
-    """Train ``state.model`` from ``state.epoch`` to ``train.epochs``; call ``on_epoch(record, state)`` after each
-    epoch and return the records. A resumed run passes a state restored from a checkpoint (``state.epoch`` > 0)
-    and continues exactly where it stopped.
-
-    ``train`` and ``val`` hold stored values (on any device); ``train.data_on_device`` decides whether the training
-    split moves to the model's device or streams. With several ranks (``world``), every rank walks the same global
-    batches and trains on its slice; ``state.model`` is DDP-wrapped; sums are all-reduced and samples/s counts the
-    global batch.
-    """
+    """Train ``state.model`` from ``state.epoch`` (> 0: resumed from a checkpoint, continuing exactly where it
+    stopped) to ``train.epochs``; call ``on_epoch(record, state)`` after each epoch; return the records. Under DDP
+    (``world``) every rank walks the same global batches and trains on its slice of each."""
     tp, model = cfg.train, state.model
     device = next(unwrap(model).parameters()).device
-    on_device = cfg.on_device if cfg.on_device is not None else keep_on_device(tp.data_on_device, train, device)
-    inputs = InputPipeline(train, device, on_device=on_device,
-                           batch_size=tp.batch_size, augment=tp.augment, seed=cfg.seed, cast=policy.cast_input,
-                           memory_format=torch.channels_last if tp.channels_last else torch.contiguous_format,
-                           workers=tp.loader_workers, world=world)
-    probe = GradProbe(unwrap(model), device)
-    # Hooks on a compiled model would recompile it whenever they come and go: no activation sampling there.
-    acts = None if tp.compile else ActivationProbe(unwrap(model), device)
-    finder = NonFiniteFinder(tp.telemetry_every)
-    health = ScalerHealth(policy.name, state.scaler, tp.divergence, device)
-    timer = WindowTimer(device, cfg.timing_window, cfg.warmup_steps, steps_done=state.step)
-
-    def check(where: str, batch) -> None:
-        """The divergence check; a Diverged names the first non-finite module (caught, else a replay of ``batch``,
-        if the epoch had one) and carries the epoch's activation table so far."""
-        try:
-            health.check(sums.loss, where)
-        except Diverged as exc:
-            x, y = (batch.x, batch.y) if batch is not None else (None, None)
-            raise finder.explain(exc, unwrap(model), policy, x, y, tp.loss_multiplier, state.step,
-                                 health.loss_scale, acts.take() if acts else None) from None
-
+    inputs = input_pipeline(train, policy, cfg, device, world)
+    numerics = NumericsWatch(unwrap(model), policy, state.scaler, cfg, device)
+    speed = SpeedWatch(device, cfg, len(train))
     records = []
     for epoch in range(state.epoch, tp.epochs):
         model.train()
-        health.new_epoch()
-        sums = _EpochSums(device)
-        progress = Progress(tp.progress, len(train), f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{tp.epochs}")
-        timer.start()
-        batch = None  # an epoch that yields no batch still reaches the epoch-end check
+        sums = EpochSums(device)
+        numerics.epoch_start(epoch, state.step)
+        speed.epoch_start(f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{tp.epochs}")
         for batch in inputs.epoch(state.generator, state.step):
-            sample = sums.steps % tp.telemetry_every == 0  # this step feeds telemetry and the divergence check
-            # Hooks on for sampled steps, and for every step while hunting an unsampled skip's module.
-            hooked = acts is not None and (sample or finder.hunting)
-            scale = health.loss_scale if hooked else 1.0  # the scale this step runs with (a host read)
-            with sync_guard(cfg.sync_debug and not hooked and device.type == "cuda"):
-                with health.watch(), (acts.attached(backward=False) if hooked else contextlib.nullcontext()):
-                    loss, logits = train_step(model, state.optimizer, state.scaler, policy, batch.x, batch.y, tp,
-                                              probe if sample else None)
+            with numerics.step(state.step) as probe:  # skip counting; on sampled steps hooks and probes
+                loss, logits = train_step(model, state.optimizer, state.scaler, policy, batch.x, batch.y, tp, probe)
                 sums.add(loss, logits, batch.y, batch.size)
             state.step += 1
-            timer.tick(batch.size)
-            progress.step(batch.size, loss)
-            if hooked:
-                # A skipped step left the weights as they were, so it can be replayed as it ran.
-                replay = (functools.partial(replay_first_nonfinite, unwrap(model), policy, batch.x, batch.y, scale,
-                                            tp.loss_multiplier, state.step) if health.enabled else None)
-                finder.after_step(acts, health.went_bad(loss), state.step, scale, replay)
-            if sample:
-                finder.skips_seen(health.skipped_steps())
-                check(f"epoch {epoch + 1}, step {sums.steps}", batch)
-                sums.sampled.append({"step": state.step, "loss": loss.item(), "loss_scale": health.loss_scale,
-                                     "skipped_in_epoch": health.skipped_steps()})
-        seconds = timer.elapsed()
-        progress.close()
-        skipped = health.skipped_steps()
-        if skipped < sums.steps:  # the LR schedule advances only when the optimizer really stepped
+            speed.after_step(batch.size, loss, state.step)
+            numerics.after_step(state.step, batch, loss, sums.loss)  # blame a bad step; sampled: check divergence
+        seconds = speed.epoch_end()
+        if numerics.stepped(state.step):  # the LR schedule advances only when the optimizer really stepped
             state.scheduler.step()
         state.epoch = epoch + 1
-        check(f"epoch {epoch + 1}, step {sums.steps}", batch)
-        train_loss, train_accuracy = sums.reduce(world)
-        val_logits = predict(model, val, policy, cfg.eval_batch_size)
-        val_y = val.y.to(device)
-        grads, layers = probe.epoch_summary()
-        records.append(EpochRecord(
-            epoch=state.epoch, train_loss=train_loss, train_accuracy=train_accuracy,
-            val_loss=F.cross_entropy(val_logits, val_y).item(),
-            val_accuracy=(val_logits.argmax(dim=1) == val_y).float().mean().item(),
-            samples_per_s=sums.seen / seconds, epoch_seconds=seconds, loss_scale=health.loss_scale,
-            skipped_steps=skipped, optimizer_steps=sums.steps, input_wait_seconds=inputs.wait_seconds,
-            lr=state.optimizer.param_groups[0]["lr"], grads=grads,
-            steps=sums.sampled, layers=layers, windows=timer.take(),
-            activations=acts.take() if acts is not None else [], nonfinite=finder.take()))
+        numerics.check(state.step, sums.loss)
+        records.append(_record(state, sums, validate(model, val, policy, cfg.eval_batch_size), seconds, world,
+                               numerics, speed, inputs))
         if on_epoch is not None:
             on_epoch(records[-1], state)
     return records
+
+
+def _record(state: TrainState, sums: EpochSums, val: tuple[float, float], seconds: float, world: World,
+            numerics: NumericsWatch, speed: SpeedWatch, inputs: InputPipeline) -> EpochRecord:
+    """The epoch just trained as one record; the watchers start a fresh epoch."""
+    train_loss, train_accuracy = sums.reduce(world)
+    n = numerics.take()
+    return EpochRecord(epoch=state.epoch, train_loss=train_loss, train_accuracy=train_accuracy, val_loss=val[0],
+                       val_accuracy=val[1], samples_per_s=sums.seen / seconds, epoch_seconds=seconds,
+                       optimizer_steps=state.step - numerics.first_step, input_wait_seconds=inputs.wait_seconds,
+                       lr=state.optimizer.param_groups[0]["lr"], windows=speed.take(), **n)

@@ -1,4 +1,4 @@
-"""``ampbench bench``: is the pipeline's loop as fast as the tutorial's bare loop, and what does each arm buy?
+"""``ampbench bench``'s command line and its table (torch-free: ``--help`` stays instant); ``loop.py`` measures.
 
 Needs only torch and torchvision (a GPU box often has nothing else): run it as ``python -m ampbench.bench``
 with ``src/`` on PYTHONPATH, or as ``ampbench bench``. Everything is measured in one process, A/B interleaved
@@ -11,40 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ampbench.arms import BASELINE, MAIN, NAMES
+from ampbench.arms import NAMES
+from ampbench.bench.config import BenchConfig
 from ampbench.params import MODELS
-
-
-@dataclass
-class BenchConfig:
-    device: str = "auto"
-    model: str = "small_cnn"
-    width: int = 32
-    image_size: int = 16
-    channels: int = 3
-    classes: int = 10
-    batch_size: int = 128
-    steps: int = 30  # optimizer steps per round (one "epoch" of the pipeline loop)
-    rounds: int = 5  # A/B rounds, interleaved
-    window: int = 10  # steps per timing window
-    warmup_steps: int = 10
-    arms: list[str] = field(default_factory=lambda: list(MAIN))
-    overhead_arms: list[str] = field(default_factory=lambda: [BASELINE])
-    channels_last: bool = False
-    compile: bool = False
-    sync_debug: bool = False  # CUDA only: steady-state steps under torch.cuda.set_sync_debug_mode("error")
-    mlflow: bool = True  # time real MLflow logging (SQLite in a temp dir) when mlflow is installed
-
-
-def run(cfg: BenchConfig) -> dict[str, Any]:
-    """Run the benchmark (see benchloop.run); torch is imported only now, so --help stays instant."""
-    from ampbench.benchloop import run as run_bench
-
-    return run_bench(cfg)
 
 
 def _cell(row: dict[str, Any], key: str, spec: str, width: int) -> str:
@@ -127,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                       overhead_arms=args.overhead_arms.split(","), channels_last=args.channels_last,
                       compile=args.compile, sync_debug=args.sync_debug, mlflow=not args.no_mlflow)
     try:
-        result = run(cfg)
+        from ampbench.bench.loop import measure  # torch is imported only now, so --help stays instant
+
+        result = measure(cfg)
     except Exception as exc:  # an error, not a slow result: say so and exit non-zero
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -135,7 +109,3 @@ def main(argv: list[str] | None = None) -> int:
     args.json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"\nJSON: {args.json_out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

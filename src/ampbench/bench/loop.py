@@ -1,6 +1,6 @@
 """The measuring half of ``ampbench bench`` (imports torch): interleaved A/B rounds of the pipeline's loop, the
-tutorial's bare loop and every precision arm. ``bench.py`` holds the CLI and the table; this module does not
-import it (no cycle), and logs to MLflow only through ``tracking``.
+tutorial's bare loop and every precision arm, as ``config.BenchConfig`` asks. Logs to MLflow only through
+``tracking``.
 """
 
 from __future__ import annotations
@@ -13,29 +13,24 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from ampbench import tracking
 from ampbench.arms import BASELINE, TF32_REFERENCE
-from ampbench.data import Split
+from ampbench.bench.config import LOGGING_GOAL, OVERHEAD_GOAL, BenchConfig
 from ampbench.errors import ArmUnavailable
+from ampbench.flops import count_step_flops
 from ampbench.hardware import fingerprint, peak_memory_mb, peak_tflops, reset_peak_memory
 from ampbench.model_factory import ModelSpec, build
 from ampbench.models import unwrap
 from ampbench.monitor import WindowTimer
-from ampbench.numerics import count_step_flops
 from ampbench.params import TrainParams
 from ampbench.precision import resolve_device, resolve_policy
+from ampbench.splits import Split
 from ampbench.training import EpochRecord, LoopConfig, fit, init_state
-
-if TYPE_CHECKING:
-    from ampbench.bench import BenchConfig
-
-OVERHEAD_GOAL = 1.03  # pipeline step time / bare loop step time
-LOGGING_GOAL = 0.02  # logging time / training time
 
 
 def _data(cfg: BenchConfig, n: int, device: torch.device, seed: int) -> Split:
@@ -94,7 +89,9 @@ class _PipelineArm:
 
 
 class _BareArm:
-    """The tutorial's loop, verbatim: same model, data, optimizer and precision, nothing else."""
+    """The tutorial's loop, verbatim: same model, data, optimizer and precision, nothing else. It writes its own
+    forward, loss and step on purpose instead of calling ``step.train_step``: it is the reference the pipeline's
+    loop is timed against."""
 
     def __init__(self, cfg: BenchConfig, arm: str, device: torch.device, train: Split):
         self.policy = resolve_policy(arm, device)
@@ -104,6 +101,7 @@ class _BareArm:
         self.optimizer, self.scaler, self.gen = st.optimizer, st.scaler, st.generator
         self.x = self.policy.cast_input(train.x)
         self.timer = WindowTimer(device, cfg.window, cfg.warmup_steps)  # the same windows as the pipeline's loop
+        self.steps = 0
 
     @property
     def windows(self) -> list[float]:
@@ -124,7 +122,8 @@ class _BareArm:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            self.timer.tick(len(idx))
+            self.steps += 1
+            self.timer.tick(len(idx), self.steps)
 
 
 def _flop_rate(runner: _PipelineArm, train: Split, device_name: str, samples_per_s: float | None) -> dict[str, Any]:
@@ -166,7 +165,7 @@ def _logger(cfg: BenchConfig, workdir: Path, stack: contextlib.ExitStack) -> tup
     return log_json, "json lines (mlflow not installed)"
 
 
-def run(cfg: BenchConfig) -> dict[str, Any]:
+def measure(cfg: BenchConfig) -> dict[str, Any]:
     """Run the benchmark; return everything measured (also what the table shows)."""
     device = resolve_device(cfg.device)
     n = cfg.steps * cfg.batch_size

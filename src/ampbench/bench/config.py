@@ -1,0 +1,34 @@
+"""What ``ampbench bench`` measures, as one dataclass the command line fills and the loop (``loop.py``) reads.
+
+Torch-free, so the command line can show its defaults without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ampbench.arms import BASELINE, MAIN
+
+OVERHEAD_GOAL = 1.03  # pipeline step time / bare loop step time
+LOGGING_GOAL = 0.02  # logging time / training time
+
+
+@dataclass
+class BenchConfig:
+    device: str = "auto"
+    model: str = "small_cnn"
+    width: int = 32
+    image_size: int = 16
+    channels: int = 3
+    classes: int = 10
+    batch_size: int = 128
+    steps: int = 30  # optimizer steps per round (one "epoch" of the pipeline loop)
+    rounds: int = 5  # A/B rounds, interleaved
+    window: int = 10  # steps per timing window
+    warmup_steps: int = 10
+    arms: list[str] = field(default_factory=lambda: list(MAIN))
+    overhead_arms: list[str] = field(default_factory=lambda: [BASELINE])
+    channels_last: bool = False
+    compile: bool = False
+    sync_debug: bool = False  # CUDA only: steady-state steps under torch.cuda.set_sync_debug_mode("error")
+    mlflow: bool = True  # time real MLflow logging (SQLite in a temp dir) when mlflow is installed

@@ -1,0 +1,33 @@
+"""The one package that talks to MLflow: the store (``uris``, ``store``, ``retry``), the runs (``runs``) and what is
+logged into them (``logs``). The rest of the library calls it as ``tracking.<name>``.
+
+A parent run per pipeline execution holds the runs per arm and seed nested under it and, after evaluate, the
+comparison. Metrics are sent in one batch per epoch, never per step.
+"""
+
+from ampbench.tracking.logs import (
+    flatten,
+    log_artifacts,
+    log_batch,
+    log_dataset,
+    log_epoch,
+    log_metrics,
+    log_model,
+    log_to,
+)
+from ampbench.tracking.runs import (
+    end_execution,
+    evaluation_parent,
+    execution_name,
+    execution_parent,
+    open_run,
+    run_exists,
+    scratch_run,
+)
+from ampbench.tracking.store import close_dead_runs, setup
+from ampbench.tracking.uris import ARTIFACTS_DIR, DB_NAME, check_uri, mask, redact, store_uris
+
+__all__ = ["ARTIFACTS_DIR", "DB_NAME", "check_uri", "close_dead_runs", "end_execution", "evaluation_parent",
+           "execution_name", "execution_parent", "flatten", "log_artifacts", "log_batch", "log_dataset", "log_epoch",
+           "log_metrics", "log_model", "log_to", "mask", "open_run", "redact", "run_exists", "scratch_run", "setup",
+           "store_uris"]
