@@ -21,7 +21,7 @@ sys.path[:0] = [str(CHECKOUT / "src"), str(CHECKOUT)]
 from ampbench import layout, procs  # noqa: E402  (needs the path above)
 from ampbench.cli import one_line  # noqa: E402
 from ampbench.errors import AmpbenchError  # noqa: E402
-from ampbench.params import load_params  # noqa: E402
+from ampbench.validation import load_params  # noqa: E402
 
 
 def project_root() -> Path:

@@ -71,7 +71,7 @@ PARAM_CASES = [
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     from ampbench.data import prepare, save_prepared
-    from ampbench.params import validate
+    from ampbench.validation import validate
 
     out = tmp_path_factory.mktemp("data") / "prepared"
     save_prepared(prepare(validate(TINY).prepare, out.parent / "raw"), out)

@@ -153,14 +153,19 @@ def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
 
 
 def _readme_command(prefix: str) -> str:
-    """The README's command line starting with ``prefix``, continuation lines joined."""
-    lines = (ROOT / "README.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(prefix))
-    command = lines[start]
-    while command.endswith("\\"):
-        start += 1
-        command = command[:-1] + lines[start]
-    return command
+    """The first command line starting with ``prefix`` in README.md, else in docs/*.md (by name), continuation lines
+    joined: the commands the README and the docs pages show, as written."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        lines = page.read_text().splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith(prefix)), None)
+        if start is None:
+            continue
+        command = lines[start]
+        while command.endswith("\\"):
+            start += 1
+            command = command[:-1] + lines[start]
+        return command
+    raise AssertionError(f"no line starting with {prefix!r} in README.md or docs/*.md")
 
 
 def _run_readme(command: str, repo: Path, env: dict) -> str:

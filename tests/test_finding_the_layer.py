@@ -15,12 +15,13 @@ from examples.overflow_model import Gain, build
 from torch import nn
 
 from ampbench.activations import ActivationProbe, headroom_log2, merge_tables
+from ampbench.advice import no_effect
+from ampbench.comparison import ArmReport
 from ampbench.flops import count_step_flops
 from ampbench.monitor import Diverged
 from ampbench.nonfinite import replay_first_nonfinite
 from ampbench.params import TrainParams
 from ampbench.precision import float32_matches, resolve_policy
-from ampbench.report import ArmReport, no_effect
 from ampbench.splits import Split
 from ampbench.training import LoopConfig, fit, init_state
 

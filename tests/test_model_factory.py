@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from ampbench.errors import ParamsError
 from ampbench.model_factory import ModelError, ModelSpec, build, inspect_model, require_tracked
-from ampbench.params import validate
+from ampbench.validation import validate
 from conftest import ROOT
 from test_cli import _stage
 

@@ -8,8 +8,9 @@ import yaml
 
 from ampbench import arms
 from ampbench.errors import ParamsError
-from ampbench.params import Params, load_params, validate
+from ampbench.params import Params
 from ampbench.params_sync import render, render_dvc_yaml, schema, stage_params
+from ampbench.validation import load_params, validate
 from conftest import ROOT
 
 

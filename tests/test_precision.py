@@ -104,3 +104,24 @@ def test_gpu_arms_resolve_on_cuda():
     dev = torch.device("cuda")
     for arm in ("fp32", "fp16"):
         assert resolve_policy(arm, dev).device_type == "cuda"
+
+
+@pytest.mark.parametrize("arm, line", [
+    ("fp16", "autocast float16, GradScaler on, TF32 off, oneDNN fp32 ieee, on cpu"),
+    ("bf16", "autocast bfloat16, GradScaler off, TF32 off, oneDNN fp32 ieee, on cpu"),
+    ("fp32", "no autocast, GradScaler off, TF32 off, oneDNN fp32 ieee, on cpu"),
+    ("bf16_pure", "no autocast, GradScaler off, TF32 off, oneDNN fp32 ieee, weights bfloat16, an ablation, on cpu"),
+])
+def test_the_train_log_says_what_runs_in_one_readable_line(arm, line):
+    policy = resolve_policy(arm, CPU)
+    policy.apply_backend_flags()
+    assert precision.describe_line(policy.describe()) == line
+
+
+def test_the_readable_line_names_tf32_and_float32_modules():
+    policy = precision.policy_for(arms.get("tf32"), "cuda")  # flags can be set without a GPU
+    policy.apply_backend_flags()
+    assert precision.describe_line(policy.describe()).startswith("no autocast, GradScaler off, TF32 on,")
+    fp16 = resolve_policy("fp16", CPU, ["head"])
+    fp16.apply_backend_flags()
+    assert "float32 modules head" in precision.describe_line(fp16.describe())

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ampbench.report import recommendation
+from ampbench.advice import recommendation
 
 
 def row(verdict="equivalent", loss_verdict="equivalent", speed=1.0, memory=1.0, skipped=0, steps=1000, **extra):

@@ -12,8 +12,8 @@ from ampbench import checkpoint, tracking
 from ampbench.data import prepare, save_prepared
 from ampbench.errors import ResumeRefused
 from ampbench.layout import ArmFiles
-from ampbench.params import validate
 from ampbench.train_stage import train_arm
+from ampbench.validation import validate
 
 
 @pytest.fixture

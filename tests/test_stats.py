@@ -107,10 +107,10 @@ def test_an_arm_with_a_non_finite_loss_is_reported_invalid_not_a_crash(tmp_path)
 
     import numpy as np
 
-    from ampbench.evaluate_stage import Outcomes, _tables, paired_statistics
+    from ampbench.comparison import ArmReport, Outcomes, paired_statistics, tables
     from ampbench.fileio import atomic_write_json
     from ampbench.metrics import summarise_seeds
-    from ampbench.report import ArmReport, markdown_report
+    from ampbench.report import markdown_report
     from ampbench.stats import Margins, SeedNoise
 
     def seed_metrics(delta_loss: float) -> dict[str, float]:
@@ -130,12 +130,12 @@ def test_an_arm_with_a_non_finite_loss_is_reported_invalid_not_a_crash(tmp_path)
         report.stats = paired_statistics(per_seed, Outcomes(correct, loss, math.isfinite(sum(losses))), ref,
                                          margins, noise, 0.95)
         reports.append(report)
-    comparison, speed, details = _tables(reports, noise, margins)
+    comparison, speed, details = tables(reports, noise, margins)
     assert comparison["fp16_pure"]["loss_verdict"] == "invalid"
     assert comparison["fp16_pure"]["verdict"] == "invalid"  # non-finite logits: its predictions mean nothing
     model = {"name": "small_cnn", "args": {}, "width": None, "parameters": 1, "flops_per_sample": 1}
     text = markdown_report(reports, {a: {**comparison[a], **speed[a]} for a in comparison},
-                           {"model": model, "seeds": [0, 1, 2], "margins": margins, "noise": noise})
+                           {"model": model, "seeds": [0, 1, 2], "margins": margins, "noise": noise}, ("", ""))
     assert "Loss: invalid: a value is not finite" in text
     path = tmp_path / "details.json"
     atomic_write_json(path, details)

@@ -65,7 +65,7 @@ def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, dr
     which every user of the machine can read with `ps`.
     """
     from ampbench import tracking
-    from ampbench.params import load_params
+    from ampbench.validation import load_params
 
     root = root.resolve()
     name = experiment or load_params(root / "params.yaml").mlflow.experiment

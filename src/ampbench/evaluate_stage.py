@@ -1,23 +1,23 @@
 """Evaluate stage: every arm against the baseline arm of the same seed on the test split; verdicts; reports.
 
-The per-arm metrics live in metrics.py and stats.py, formatting in report.py, MLflow calls in tracking.py, the
-file names in layout.py. Outputs: reports/comparison.json (DVC metrics: per arm the verdict, test accuracy, Δ with
-CI), speed.json (speed and memory × fp32), report.md, details.json (every number, every seed), curves.json (DVC
-plots) and figures/*.png; test metrics and verdicts onto each arm × seed MLflow run, the comparison onto the
+Loading and predicting happen here; the per-example metrics are metrics.py, the paired statistics and the tables
+comparison.py (with stats.py), the advice advice.py, the text report.py, the figures figures.py, MLflow tracking/
+and the file names layout.py. Outputs: reports/comparison.json (DVC metrics: per arm the verdict, test accuracy,
+Δ with CI), speed.json (speed and memory × fp32), report.md, details.json (every number, every seed), curves.json
+(DVC plots) and figures/*.png; test metrics and verdicts onto each arm × seed MLflow run, the comparison onto the
 execution's parent run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ampbench import checkpoint, tracking
-from ampbench.arms import BASELINE, TF32_REFERENCE
+from ampbench.arms import BASELINE
+from ampbench.comparison import ArmReport, Outcomes, paired_statistics, shown, tables
 from ampbench.console import log
 from ampbench.data import load_prepared
 from ampbench.errors import AmpbenchError, DataError
@@ -26,24 +26,17 @@ from ampbench.fileio import (
     atomic_write_json,
     atomic_write_text,
     dvc_md5,
+    json_digest,
     published_together,
     read_json,
 )
 from ampbench.layout import ArmFiles, ReportFiles
+from ampbench.metrics import arm_seed_metrics, example_outcomes, seed_noise, summarise_seeds
 from ampbench.model_factory import ModelSpec, build
 from ampbench.params import Params
 from ampbench.precision import resolve_device, resolve_policy
-from ampbench.stats import (
-    Margins,
-    SeedNoise,
-    against_noise,
-    differs_from_zero,
-    paired_accuracy,
-    paired_ci,
-    paired_mean,
-    resolve_margins,
-    verdict,
-)
+from ampbench.splits import Split
+from ampbench.stats import resolve_margins
 from ampbench.training import predict
 
 # Fingerprint keys that must match across arms: results from different hardware or software are not compared.
@@ -93,135 +86,100 @@ def check_fingerprints(summaries: dict[str, dict]) -> None:
                                 f"software ({shown}); retrain both on one machine (dvc repro --force)")
 
 
-@dataclass(frozen=True)
-class Outcomes:
-    """One arm's per-example test outcomes, seeds × examples (the same examples in the same order for every arm)."""
-
-    correct: np.ndarray  # bool
-    loss: np.ndarray  # cross-entropy, nats
-    finite: bool  # every logit finite
-
-    @classmethod
-    def stack(cls, per_seed: dict[int, tuple[torch.Tensor, torch.Tensor, bool]]) -> Outcomes:
-        seeds = sorted(per_seed)
-        return cls(np.stack([per_seed[s][0].numpy() for s in seeds]),
-                   np.stack([per_seed[s][1].numpy() for s in seeds]), all(per_seed[s][2] for s in seeds))
-
-
-def paired_statistics(per_seed: dict[int, dict[str, float]], arm: Outcomes, ref: Outcomes, margins: Margins,
-                      noise: SeedNoise, confidence: float) -> dict[str, Any]:
-    """Intervals of the paired differences and verdicts for one arm against the baseline of the same seeds.
-
-    Accuracy and loss from the per-example outcomes (stats.paired_accuracy, stats.paired_mean); agreement, KL
-    and ECE from the per-seed values (Student t over seeds, cut to the range each can take).
-    """
-    seeds = sorted(per_seed)
-    bounds = {"delta_ece_vs_fp32": (-1, 1), "agreement_vs_fp32": (0, 1), "kl_vs_fp32": (0, None)}
-    out: dict[str, Any] = {key: paired_ci([per_seed[s][key] for s in seeds], confidence, bounds[key]).to_dict()
-                           for key in bounds}
-    finite = arm.finite and ref.finite
-    acc = paired_accuracy(arm.correct, ref.correct, confidence, finite)
-    loss = paired_mean(arm.loss - ref.loss, confidence, finite=finite)
-    out["delta_accuracy_vs_fp32"], out["delta_loss_vs_fp32"] = acc.to_dict(), loss.to_dict()
-    out["verdict"], out["verdict_reason"] = verdict(acc, margins.accuracy, True, " pp", 100)
-    out["loss_verdict"], out["loss_verdict_reason"] = verdict(loss, margins.loss, False, " nats", digits=4)
-    out["vs_seed_noise"], noise_text = against_noise(acc, noise.accuracy_floor, " pp", 100)
-    out["loss_vs_seed_noise"], loss_noise_text = against_noise(loss, noise.loss_sd, " nats", digits=4)
-    if acc.finite:
-        flips = (f"{acc.fp32_right_arm_wrong} of {acc.pairs} paired predictions right in fp32 only, "
-                 f"{acc.arm_right_fp32_wrong} right in the arm only")
-        out["verdict_reason"] += f" ({flips}; the difference is {noise_text})"
-        out["loss_verdict_reason"] += f" (the difference is {loss_noise_text})"
-    out["differs_from_fp32"] = differs_from_zero(acc)
-    return out
-
-
 def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir: Path, project_root: Path,
                   tags: dict[str, str]) -> dict[str, Any]:
     """Evaluate every arm on the test split against the baseline of the same seed; write reports; log to MLflow."""
-    from ampbench.metrics import arm_seed_metrics, example_outcomes, seed_noise, summarise_seeds
-    from ampbench.report import ArmReport
+    from ampbench.advice import recommendation
 
-    tp = params.train
+    tp, ev = params.train, params.evaluate
     device = resolve_device(tp.device)
     data = load_prepared(data_dir)
-    test = data.test  # stays where it is (memory-mapped); predict moves it a batch at a time
-    test_y = test.y.to(device)
-    strict = resolve_policy(BASELINE, device)  # every arm's weights are also evaluated in strict fp32
-
-    summaries = {}
-    for arm in tp.precisions:
-        summaries[arm] = _read_summary(ArmFiles(models_dir / arm).summary, arm, tp.seeds)
+    summaries = {arm: _read_summary(ArmFiles(models_dir / arm).summary, arm, tp.seeds) for arm in tp.precisions}
     if summaries[BASELINE]["skipped"] or summaries[BASELINE].get("diverged"):
         why = summaries[BASELINE]["skipped"] or summaries[BASELINE]["diverged"]
         raise AmpbenchError(f"the {BASELINE} baseline has no result to compare against: {why}")
     check_fingerprints(summaries)
+    reports, outcomes, ref = _predict_arms(params, summaries, data.test, models_dir, device)
+    noise = seed_noise(ref, data.test.y.to(device))
+    margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
+    for r in reports:
+        if r.ran:
+            r.stats = paired_statistics(r.per_seed, outcomes[r.arm], outcomes[BASELINE], margins, noise,
+                                        ev.confidence)
+    comparison, speed, details = tables(reports, noise, margins)
+    context = _context(params, data.meta, summaries[BASELINE], device, margins, noise)
+    merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
+    advice = recommendation(merged, context)  # (line, code): into the report, the log and the parent run
+    with published_together(reports_dir) as staging:  # all reports replaced at once, or none
+        _write_reports(reports, comparison, speed, details, context, advice, ReportFiles(staging))
+    log(advice[0].replace("**", ""))
+    _log_evaluation(params, project_root, tags, advice[0].replace("**", ""), reports, summaries, comparison, speed,
+                    ReportFiles(reports_dir), dvc_md5(data_dir))
+    return comparison
 
-    # Logits per arm and seed: in the arm's own precision, and the same weights in strict fp32.
+
+def _predict_arms(params: Params, summaries: dict[str, dict], test: Split, models_dir: Path,
+                  device: torch.device) -> tuple[list[ArmReport], dict[str, Outcomes], dict[int, torch.Tensor]]:
+    """Every arm's report (skipped and diverged ones with their reason), its per-example outcomes and the
+    baseline's logits per seed (the reference of every other arm, and fp32's seed noise). The baseline first."""
     reports: list[ArmReport] = []
     ref: dict[int, torch.Tensor] = {}
     outcomes: dict[str, Outcomes] = {}
-    for arm in [BASELINE] + [a for a in tp.precisions if a != BASELINE]:
+    for arm in [BASELINE] + [a for a in params.train.precisions if a != BASELINE]:
         s = summaries[arm]
         if s["skipped"] or s.get("diverged"):
             reason = s["skipped"] or "; ".join(f"seed {k}: {v}" for k, v in s["diverged"].items())
             reports.append(ArmReport(arm, skipped_reason=reason, status="skipped" if s["skipped"] else "diverged",
                                      ablation=s.get("ablation", False), numerics=_numerics(s)))
             continue
-        policy = resolve_policy(arm, device, tp.fp32_modules)
-        arm_files = ArmFiles(models_dir / arm)
-        histories = read_json(arm_files.history, _RETRAIN)
-        if not isinstance(histories, dict):
-            raise DataError(f"{arm_files.history}: not a history the train stage wrote; {_RETRAIN}")
-        per_seed, examples = {}, {}
-        for seed in tp.seeds:
-            model = _load_arm_model(arm_files.checkpoint(seed), device)
-            policy.apply_backend_flags()
-            own = predict(policy.prepare_model(model), test, policy, params.evaluate.batch_size)
-            strict.apply_backend_flags()
-            f32 = predict(model.float(), test, strict, params.evaluate.batch_size)
-            if arm == BASELINE:
-                ref[seed] = own
-            per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test_y, params.evaluate.calibration_bins)
-            examples[seed] = (*example_outcomes(own, test_y), bool(torch.isfinite(own).all()))
-        outcomes[arm] = Outcomes.stack(examples)
-        reports.append(ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed,
-                                 histories={int(k): v for k, v in histories.items()},
-                                 train={k: s.get(k) for k in ("samples_per_s", "peak_memory_mb", "skipped_steps",
-                                                              "optimizer_steps", "input_path", "input_wait_share",
-                                                              "policy")},
-                                 ablation=s.get("ablation", False), numerics=_numerics(s)))
-    ev = params.evaluate
-    noise = seed_noise(ref, test_y)
-    margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
-    for r in reports:
-        if r.ran:
-            r.stats = paired_statistics(r.per_seed, outcomes[r.arm], outcomes[BASELINE], margins, noise,
-                                        ev.confidence)
+        report, outcomes[arm] = _evaluate_arm(arm, s, params, test, models_dir / arm, device, ref)
+        reports.append(report)
+    return reports, outcomes, ref
 
-    comparison, speed, details = _tables(reports, noise, margins)
-    base = summaries[BASELINE]
+
+def _evaluate_arm(arm: str, summary: dict, params: Params, test: Split, folder: Path, device: torch.device,
+                  ref: dict[int, torch.Tensor]) -> tuple[ArmReport, Outcomes]:
+    """One trained arm, every seed: logits in its own precision and, for the same weights, in strict fp32; its
+    metrics against the baseline's logits ``ref`` (which the baseline, evaluated first, fills)."""
+    policy, strict = resolve_policy(arm, device, params.train.fp32_modules), resolve_policy(BASELINE, device)
+    files = ArmFiles(folder)
+    histories = read_json(files.history, _RETRAIN)
+    if not isinstance(histories, dict):
+        raise DataError(f"{files.history}: not a history the train stage wrote; {_RETRAIN}")
+    test_y, batch = test.y.to(device), params.evaluate.batch_size
+    per_seed, examples = {}, {}
+    for seed in params.train.seeds:
+        model = _load_arm_model(files.checkpoint(seed), device)
+        policy.apply_backend_flags()
+        own = predict(policy.prepare_model(model), test, policy, batch)
+        strict.apply_backend_flags()
+        f32 = predict(model.float(), test, strict, batch)  # every arm's weights are also evaluated in strict fp32
+        if arm == BASELINE:
+            ref[seed] = own
+        per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test_y, params.evaluate.calibration_bins)
+        examples[seed] = (*example_outcomes(own, test_y), bool(torch.isfinite(own).all()))
+    train = {k: summary.get(k) for k in ("samples_per_s", "peak_memory_mb", "skipped_steps", "optimizer_steps",
+                                         "input_path", "input_wait_share", "policy")}
+    report = ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed, train=train,
+                       histories={int(k): v for k, v in histories.items()}, ablation=summary.get("ablation", False),
+                       numerics=_numerics(summary))
+    return report, Outcomes.stack(examples)
+
+
+def _context(params: Params, meta: dict, base: dict, device: torch.device, margins, noise) -> dict[str, Any]:
+    """What the report says about the run as a whole: data, model, seeds, device, margins, fp32's seed noise."""
     hw = base["hardware"]
-    context = {"dataset": data.meta["dataset"], "model": base["model"], "seeds": tp.seeds, "epochs": base["epochs"],
-               "device_name": hw["device_name"], "device_type": device.type, "margins": margins, "noise": noise,
-               "margin_pp": 100 * margins.accuracy, "confidence": ev.confidence}
+    context = {"dataset": meta["dataset"], "model": base["model"], "seeds": params.train.seeds,
+               "epochs": base["epochs"], "device_name": hw["device_name"], "device_type": device.type,
+               "margins": margins, "noise": noise, "margin_pp": 100 * margins.accuracy,
+               "confidence": params.evaluate.confidence}
     if device.type == "cpu":
         context["note"] = (
             f"CPU run. This CPU's 16-bit instructions: {hw['cpu_16bit_flags']}. Without AVX512-BF16/AMX, bf16 "
             "autocast is emulated, and fp16 autocast on CPU has few fast kernels, so both are often several times "
             "slower than fp32 here; mixed-precision speed-ups are mainly a GPU tensor-core effect. Memory on CPU is "
             "the process's peak RSS (imports included). Speeds are reported as measured.")
-    report_files = ReportFiles(reports_dir)
-    with published_together(reports_dir) as staging:  # all reports replaced at once, or none
-        _write_reports(reports, comparison, speed, details, context, ReportFiles(staging))
-    from ampbench.report import recommendation
-
-    merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
-    advice = recommendation(merged, context)[0].replace("**", "")
-    log(advice)
-    _log_evaluation(params, project_root, tags, advice, reports, summaries, comparison, speed, report_files,
-                    dvc_md5(data_dir))
-    return comparison
+    return context
 
 
 def _numerics(summary: dict) -> dict[str, Any]:
@@ -236,124 +194,9 @@ def _numerics(summary: dict) -> dict[str, Any]:
             "activations": summary.get("activations") or []}
 
 
-def _pp(fraction: float | None) -> float | None:
-    """A fraction as percentage points, rounded for the metrics files."""
-    return None if fraction is None else round(100 * fraction, 4)
-
-
-def _round(x: float | None, digits: int = 6) -> float | None:
-    return None if x is None else round(x, digits)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 4) if a and b else None
-
-
-def _tables(reports, noise: SeedNoise, margins: Margins) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(comparison.json, speed.json, details.json).
-
-    comparison holds what training deterministically produces (verdicts, Δ with CI, agreement, …), so a fresh
-    clone's `dvc repro` reproduces it exactly on CPU; speed holds the timings and memory, which never repeat
-    exactly. Their files (DVC metrics, columns in `dvc exp show`) keep the few columns of ``shown``;
-    details.json has every number, per arm and per seed.
-    """
-    by_arm = {r.arm: r for r in reports}
-    base = by_arm[BASELINE]
-    tf32 = by_arm.get(TF32_REFERENCE) if by_arm.get(TF32_REFERENCE) and by_arm[TF32_REFERENCE].ran else None
-    comparison: dict[str, Any] = {}
-    speed: dict[str, Any] = {}
-    details: dict[str, Any] = {}
-    for r in reports:
-        if not r.ran:
-            comparison[r.arm] = {"status": r.status, "verdict": r.status, "ablation": r.ablation,
-                                 "reason": r.skipped_reason}
-            details[r.arm] = {**comparison[r.arm], "numerics": r.numerics}
-            continue
-        st, s, t = r.stats, r.summary, r.train
-        acc, loss = st["delta_accuracy_vs_fp32"], st["delta_loss_vs_fp32"]
-        row = {
-            "status": "ok",
-            "ablation": r.ablation,
-            "verdict": "baseline" if r.arm == BASELINE else st["verdict"],
-            "loss_verdict": "baseline" if r.arm == BASELINE else st["loss_verdict"],
-            "seeds": acc["n"],
-            "test_accuracy": round(s["test_accuracy"], 6),
-            "delta_accuracy_pp": _pp(acc["mean"]),
-            "delta_accuracy_pp_ci_low": _pp(acc["ci_low"]),
-            "delta_accuracy_pp_ci_high": _pp(acc["ci_high"]),
-            "test_loss": round(s["test_loss"], 6),
-            "delta_loss": _round(loss["mean"]),
-            "delta_loss_ci_low": _round(loss["ci_low"]),
-            "delta_loss_ci_high": _round(loss["ci_high"]),
-            "agreement_vs_fp32": round(s["agreement_vs_fp32"], 6),
-            "kl_vs_fp32": round(s["kl_vs_fp32"], 8),
-            "max_abs_logit_diff_vs_fp32": round(s["max_abs_logit_diff_vs_fp32"], 6),
-            "ece": round(s["test_ece"], 6),
-            "delta_ece": round(s["delta_ece_vs_fp32"], 6),
-            "skipped_steps": t["skipped_steps"],
-            "optimizer_steps": t.get("optimizer_steps"),
-        }
-        flops = r.numerics.get("flops")
-        if flops:  # counted, so deterministic: it belongs with the comparison, not the timings
-            row["low_precision_flop_share"] = round(flops["low_precision_share"], 6)
-        if r.arm == BASELINE:  # the noise floor and the margins in use, once; no interval of fp32 against itself
-            for key in ("delta_accuracy_pp_ci_low", "delta_accuracy_pp_ci_high", "delta_loss_ci_low",
-                        "delta_loss_ci_high"):
-                row[key] = None
-            row.update({"fp32_seed_sd_accuracy_pp": _pp(noise.accuracy_sd),
-                        "fp32_seed_sd_loss": _round(noise.loss_sd),
-                        "fp32_seed_disagreement": _round(noise.disagreement),
-                        "margin_accuracy_pp": _pp(margins.accuracy), "margin_loss": _round(margins.loss)})
-        else:
-            row.update({"vs_seed_noise": st["vs_seed_noise"], "differs_from_fp32": st["differs_from_fp32"],
-                        "paired_examples": acc["pairs"], "fp32_right_arm_wrong": acc["fp32_right_arm_wrong"],
-                        "arm_right_fp32_wrong": acc["arm_right_fp32_wrong"],
-                        "design_effect": _round(acc["design_effect"], 4)})
-        timing = {
-            "samples_per_s": round(t["samples_per_s"], 1),
-            "speedup_vs_fp32": _ratio(t["samples_per_s"], base.train["samples_per_s"]),
-            "peak_memory_mb": round(t["peak_memory_mb"], 1),
-            "memory_vs_fp32": _ratio(t["peak_memory_mb"], base.train["peak_memory_mb"]),
-            "input_wait_share": _round(t.get("input_wait_share"), 4),
-        }
-        if flops:  # achieved FLOP/s: counted FLOPs per sample × samples/s; against the GPU's peak when known
-            timing["achieved_tflops"] = round(flops["per_sample"] * t["samples_per_s"] / 1e12, 6)
-            if r.numerics.get("peak_tflops"):
-                timing["peak_share"] = round(timing["achieved_tflops"] / r.numerics["peak_tflops"], 6)
-        if tf32 is not None:
-            timing["speedup_vs_tf32"] = _ratio(t["samples_per_s"], tf32.train["samples_per_s"])
-            timing["memory_vs_tf32"] = _ratio(t["peak_memory_mb"], tf32.train["peak_memory_mb"])
-        comparison[r.arm] = {k: v for k, v in row.items() if v is not None}
-        speed[r.arm] = {k: v for k, v in timing.items() if v is not None}
-        details[r.arm] = {**row, **timing, "statistics": st, "mean_and_std": s, "per_seed": r.per_seed, "train": t,
-                          "numerics": r.numerics}
-    return comparison, speed, details
-
-
-# What the DVC metrics files keep per arm: `dvc exp show` draws one column per value, so a handful (≈ 20 for the
-# four main arms) that answer "may I switch?"; every other number is in details.json and the MLflow parent run.
-SHOWN = ("verdict", "test_accuracy", "delta_accuracy_pp", "delta_accuracy_pp_ci_low", "delta_accuracy_pp_ci_high")
-SHOWN_BASELINE = ("verdict", "test_accuracy", "margin_accuracy_pp")
-SPEED_SHOWN = ("speedup_vs_fp32", "memory_vs_fp32")
-
-
-def shown(comparison: dict[str, Any], speed: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The slim comparison.json and speed.json: the columns above, plus skipped optimizer steps where the scaler
-    skipped any; fp32's own throughput instead of ratios to itself."""
-    slim, fast = {}, {}
-    for arm, row in comparison.items():
-        keys = SHOWN_BASELINE if arm == BASELINE else SHOWN
-        slim[arm] = {k: row[k] for k in keys if row.get(k) is not None}
-        if row.get("skipped_steps"):
-            slim[arm]["skipped_steps"] = row["skipped_steps"]
-    for arm, row in speed.items():
-        keys = ("samples_per_s",) if arm == BASELINE else SPEED_SHOWN
-        fast[arm] = {k: row[k] for k in keys if row.get(k) is not None}
-    return slim, fast
-
-
-def _write_reports(reports, comparison, speed, details, context, files: ReportFiles) -> None:
-    from ampbench.report import accuracy_delta_figure, curve_rows, curves_figure, markdown_report, speed_memory_figure
+def _write_reports(reports, comparison, speed, details, context, advice: tuple[str, str], files: ReportFiles) -> None:
+    from ampbench.figures import accuracy_delta_figure, curves_figure, speed_memory_figure
+    from ampbench.report import curve_rows, markdown_report
 
     slim, fast = shown(comparison, speed)
     atomic_write_json(files.comparison, slim)
@@ -361,7 +204,7 @@ def _write_reports(reports, comparison, speed, details, context, files: ReportFi
     atomic_write_json(files.details, details)
     atomic_write_json(files.curves, curve_rows(reports))
     merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
-    atomic_write_text(files.report, markdown_report(reports, merged, context))
+    atomic_write_text(files.report, markdown_report(reports, merged, context, advice))
     figures = files.figures
     atomic_savefig(curves_figure(reports), figures / "curves.png")
     atomic_savefig(accuracy_delta_figure(reports, context["margin_pp"]), figures / "accuracy_delta.png")
@@ -374,9 +217,6 @@ def _log_evaluation(params, project_root, tags, advice: str, reports, summaries,
     ``speed_x``) and the arm's verdict as tags. Onto the execution's parent run (``tracking.evaluation_parent``):
     every arm's numbers as ``<arm>.<metric>``, the baseline's noise and margins once, the verdicts and the
     recommendation as tags, the evaluate params, the report and figures."""
-    import hashlib
-    import json
-
     experiment_id = tracking.setup(project_root, params.mlflow.experiment)
     run_ids: list[str] = []
     for r in sorted((r for r in reports if r.ran), key=lambda r: r.arm != BASELINE):  # baseline's runs first
@@ -404,7 +244,7 @@ def _log_evaluation(params, project_root, tags, advice: str, reports, summaries,
              **{f"verdict.{arm}": row["verdict"] for arm, row in comparison.items()},
              **{f"{r.status}.{r.arm}": r.skipped_reason[:5000] for r in reports if not r.ran}}
     evaluate_params = tracking.flatten("evaluate", params.evaluate.to_dict())
-    key = hashlib.sha256(json.dumps(evaluate_params, sort_keys=True).encode()).hexdigest()[:24]
+    key = json_digest(evaluate_params, 24)
     parent = tracking.evaluation_parent(experiment_id, run_ids, key, tracking.execution_name(tags), ptags,
                                         evaluate_params)
     tracking.log_to(parent, flat, ptags, evaluate_params, artifacts=files.tracked,

@@ -1,4 +1,5 @@
-"""Atomic file writes: write to a temporary name in the same folder, then rename into place.
+"""Atomic file writes: write to a temporary name in the same folder, then rename into place; JSON read back with
+one-line errors; the hashes DVC and the stages key files and runs by.
 
 An interrupted stage therefore never leaves a truncated file that DVC or the next stage would take as good.
 """
@@ -15,6 +16,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ampbench import procs
+
+
+def json_digest(obj: Any, length: int | None = None) -> str:
+    """sha256 (hex, cut to ``length``) of ``obj`` as canonical JSON (sorted keys; non-JSON values as ``str``): the
+    key of a resume checkpoint, of a pipeline execution and of an evaluation."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:length]
 
 
 def _atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -85,8 +94,13 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 
 
 def atomic_savefig(fig, path: Path) -> None:
-    """Save a matplotlib figure as PNG atomically."""
-    _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+    """Save a matplotlib figure as PNG atomically, then close it (pyplot keeps every open figure alive)."""
+    import matplotlib.pyplot as plt
+
+    try:
+        _atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
 
 
 @contextmanager

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ampbench.params import SECTION_STAGES, STAGES, Params, load_params
+from ampbench.params import SECTION_STAGES, STAGES, Params
+from ampbench.validation import load_params
 
 HEADER = """\
 # ampbench parameters: one section per DVC stage (prepare, train, evaluate) plus mlflow.

@@ -100,6 +100,21 @@ class PrecisionPolicy:
         }
 
 
+def describe_line(d: dict[str, str]) -> str:
+    """``PrecisionPolicy.describe()`` in one line for the log: "autocast float16, GradScaler on, TF32 off, oneDNN
+    fp32 ieee, on cpu" (weights, ablation and float32 modules when they apply)."""
+    tf32 = "on" if d["cuda_matmul_fp32_precision"] == d["cudnn_conv_fp32_precision"] == "tf32" else "off"
+    parts = ["no autocast" if d["autocast_dtype"] == "off" else f"autocast {d['autocast_dtype']}",
+             f"GradScaler {d['grad_scaler']}", f"TF32 {tf32}", f"oneDNN fp32 {d['onednn_matmul_fp32_precision']}"]
+    if d["param_dtype"] != "float32":
+        parts.append(f"weights {d['param_dtype']}")
+    if d["fp32_modules"] != "none":
+        parts.append(f"float32 modules {d['fp32_modules']}")
+    if d["ablation"] == "true":
+        parts.append("an ablation")
+    return ", ".join(parts) + f", on {d['device_type']}"
+
+
 @contextlib.contextmanager
 def cudnn_legacy_flags_readable():
     """Temporarily put cuDNN's fp32 mode back to torch's default ("tf32") so legacy readers work.

@@ -3,28 +3,25 @@
 ``train_arm`` resolves the device and the arm's policy (an arm the device cannot run is recorded as skipped, never
 run as something else) and trains each seed as a ``SeedJob``. When a seed is resumed or reused is the policy of
 ``resume.py``; every side effect (files under models/<arm>/, resume checkpoints, MLflow, log lines) goes through
-``ArmOutputs``, which does nothing on DDP ranks other than 0, so the training code never asks which rank it is.
+``ArmOutputs`` (``arm_outputs.py``), which does nothing on DDP ranks other than 0.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import shutil
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ampbench import checkpoint, distributed, resume, tracking
+from ampbench import checkpoint, distributed, resume
 from ampbench.activations import merge_tables
-from ampbench.console import log
+from ampbench.advice import fix_line
+from ampbench.arm_outputs import ArmOutputs, SeedJob
 from ampbench.data import load_prepared
 from ampbench.determinism import seed_everything, set_deterministic
 from ampbench.errors import AmpbenchError, ArmUnavailable, ParamsError, StoreError
-from ampbench.fileio import atomic_write_json, dvc_md5
+from ampbench.fileio import dvc_md5, json_digest
 from ampbench.flops import count_step_flops
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.layout import ArmFiles
@@ -32,162 +29,9 @@ from ampbench.loader import batches_per_epoch, keep_on_device
 from ampbench.model_factory import ModelSpec, build, inspect_model
 from ampbench.monitor import Diverged, epoch_line
 from ampbench.params import Params
-from ampbench.precision import (
-    PrecisionPolicy,
-    cudnn_legacy_flags_readable,
-    float32_matches,
-    resolve_device,
-    resolve_policy,
-    without_float32,
-)
-from ampbench.report import fix_line
+from ampbench.precision import describe_line, float32_matches, resolve_device, resolve_policy
 from ampbench.splits import Prepared
 from ampbench.training import EpochRecord, LoopConfig, TrainState, fit, init_state, throughput
-
-
-@dataclass(frozen=True)
-class SeedJob:
-    """One seed of one arm: everything its training reads."""
-
-    arm: str
-    seed: int
-    params: Params
-    policy: PrecisionPolicy
-    data: Prepared
-    device: torch.device
-    world: distributed.World
-    resume_path: Path  # .resume/<arm>/seed<N>.pt
-    key: str  # resume.resume_key(): what a checkpoint must match to be continued
-    model: dict[str, Any]  # model_factory.inspect_model(): name, kind, args, parameters, FLOPs per sample
-
-    @property
-    def name(self) -> str:
-        return f"{self.arm}-seed{self.seed}"
-
-    def model_meta(self) -> dict[str, Any]:
-        """What the evaluate stage needs to rebuild the model from a final checkpoint."""
-        return {"arm": self.arm, "seed": self.seed, "model": ModelSpec.from_train(self.params.train).to_meta(),
-                "input_shape": list(self.data.input_shape), "num_classes": self.data.num_classes,
-                "policy": self.policy.describe()}
-
-
-class ArmOutputs:
-    """Every side effect of training one arm. With ``enabled`` False (DDP ranks other than 0) it does nothing."""
-
-    def __init__(self, arm: str, files: ArmFiles, resume_dir: Path, project_root: Path, tags: dict[str, str],
-                 enabled: bool):
-        self.arm, self.files, self.resume_dir = arm, files, resume_dir
-        self.project_root, self.tags, self.enabled = project_root, tags, enabled
-        self.parent: str | None = None  # the execution's parent run (tracking.execution_parent)
-
-    def log(self, msg: str) -> None:
-        if self.enabled:
-            log(f"[{self.arm}] {msg}")
-
-    def open(self, params: Params, execution: str) -> None:
-        """Before any training: the output folder, the MLflow store checked and ready, and the parent run of this
-        pipeline execution (``execution``: its key) found or made, named after the DVC experiment or the commit.
-        The values every arm shares (prepare.*, mlflow.*) are its params, not each arm run's."""
-        if self.enabled:
-            self.files.root.mkdir(parents=True, exist_ok=True)
-            experiment_id = tracking.setup(self.project_root, params.mlflow.experiment)
-            shared = {k: v for k, v in params.to_dict().items() if k != "evaluate"}
-            shared["train"] = {k: v for k, v in shared["train"].items() if k != "precisions"}
-            self.parent = tracking.execution_parent(experiment_id, execution, tracking.execution_name(self.tags),
-                                                    self.arm, self.tags,
-                                                    tracking.flatten("", shared))
-
-    def run(self, job: SeedJob, run_id: str | None):
-        """The seed's MLflow run (reopened when ``run_id`` is given), as a context yielding its id."""
-        if not self.enabled:
-            return contextlib.nullcontext(run_id)
-        hw = fingerprint(job.device)
-        world = str(job.world.size)
-        params = {**tracking.flatten("train", job.params.train.to_dict()),
-                  **tracking.flatten("effective", job.policy.describe()),
-                  **tracking.flatten("model", {k: job.model[k] for k in ("kind", "parameters", "flops_per_sample")}),
-                  "seed": str(job.seed), "dataset.checksum": job.data.meta["checksum"], "world_size": world}
-        tags = {**self.tags, "precision": job.arm, "seed": str(job.seed), "device": hw["device_name"],
-                "ablation": str(job.policy.ablation).lower(), "world_size": world,
-                **{f"hw.{k}": v for k, v in hw.items()}, "ampbench.role": "arm"}
-        return tracking.open_run(job.name, tags, params, run_id=run_id, parent_id=self.parent,
-                            system_metrics_every=job.params.mlflow.system_metrics_every)
-
-    def dataset(self, job: SeedJob, data_dir: Path) -> None:
-        if self.enabled:
-            tracking.log_dataset(job.data.meta["dataset"], self.tags["dvc.data_md5"], data_dir)
-
-    def epoch(self, job: SeedJob, state: TrainState, progress: resume.Progress) -> None:
-        """After an epoch: its metrics to MLflow, then the resume checkpoint (a crash in between repeats the
-        epoch, losing nothing)."""
-        if self.enabled:
-            record = progress.records[-1]
-            tracking.log_epoch(record.row(), record.steps)
-            resume.save(state, progress, job.resume_path)
-
-    def seed_done(self, job: SeedJob, state: TrainState, progress: resume.Progress) -> None:
-        """A seed ended (finished or diverged): keep its outcome in the resume checkpoint until the arm is done."""
-        if self.enabled:
-            resume.save(state, progress, job.resume_path)
-
-    def seed_files(self, job: SeedJob, final: dict[str, Any], records: list[EpochRecord]) -> list[Path]:
-        """The seed's files under models/<arm>/: final checkpoint, history, per-layer telemetry."""
-        if not self.enabled:
-            return []
-        files = self.files
-        checkpoint_path = files.checkpoint(job.seed)
-        checkpoint.write(final, job.model_meta(), checkpoint_path)
-        atomic_write_json(files.seed_history(job.seed), [r.row() for r in records])
-        atomic_write_json(files.grad_layers(job.seed), [r.layers for r in records])
-        atomic_write_json(files.activations(job.seed), merge_tables([r.activations for r in records]))
-        return [checkpoint_path, files.seed_history(job.seed), files.grad_layers(job.seed),
-                files.activations(job.seed)]
-
-    def numerics(self, job: SeedJob, run_id: str | None, record: dict[str, Any]) -> None:
-        """Onto the seed's run (open or ended): the first non-finite module as tags, the activation table and the
-        counted FLOPs as files; for a diverged seed the table is also written to models/<arm>/."""
-        if not self.enabled or run_id is None:
-            return
-        culprit = record.get("first_nonfinite")
-        keys = ("module", "module_type", "phase", "step") if culprit else ()
-        tags = {f"nonfinite.{k}": str(culprit[k]) for k in keys}
-        metrics = {}
-        if record.get("flops"):
-            f = record["flops"]
-            metrics = {"flops_per_sample_train": f["per_sample"], "low_precision_flop_share": f["low_precision_share"]}
-            tags["flops.dominant_dtype"] = str(f["dominant_dtype"])
-        paths = []
-        if record.get("diverged") and record.get("activations"):
-            atomic_write_json(self.files.activations(job.seed), record["activations"])
-            paths.append(self.files.activations(job.seed))
-        tracking.log_to(run_id, metrics, tags, artifacts=paths)
-
-    def seed_artifacts(self, job: SeedJob, paths: list[Path], record: dict[str, Any], model: torch.nn.Module) -> None:
-        """Into the seed's (still open) MLflow run: run-level numbers, its files, and the model when asked for."""
-        if not self.enabled:
-            return
-        tracking.log_metrics({k: v for k, v in record.items() if k in (
-            "train_samples_per_s", "train_seconds", "skipped_steps_total", "peak_memory_mb", "peak_reserved_mb")})
-        tracking.log_artifacts(paths)
-        if job.params.mlflow.log_model:
-            # the plain model: no DDP/compile wrappers, no float32 islands (autocast is not part of it)
-            cpu_model = without_float32(copy.deepcopy(model)).float().cpu().eval()
-            with cudnn_legacy_flags_readable():
-                example = job.data.test.inputs(job.data.test.x[:2]).numpy()  # model inputs, not stored pixels
-                record["model_uri"] = tracking.log_model(cpu_model, example, _requirements())
-
-    def finished(self, summary: dict[str, Any], histories: dict[str, list[dict]]) -> None:
-        """The arm is complete: history.json and summary.json; nothing left to resume."""
-        if self.enabled:
-            atomic_write_json(self.files.history, histories)
-            atomic_write_json(self.files.summary, summary)
-            shutil.rmtree(self.resume_dir, ignore_errors=True)
-
-
-def _requirements() -> list[str]:
-    import torchvision
-
-    return [f"torch=={torch.__version__.split('+')[0]}", f"torchvision=={torchvision.__version__.split('+')[0]}"]
 
 
 def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_root: Path, tags: dict[str, str],
@@ -235,13 +79,10 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
 def execution_key(params: Params, data_md5: str, code_version: str, tags: dict[str, str]) -> str:
     """What every train stage of one pipeline execution shares (so they find one parent run): the training params
     but the arm list, the data, the code and the DVC experiment with its baseline."""
-    import hashlib
-    import json
-
     train = {k: v for k, v in params.train.to_dict().items() if k not in ("precisions", "progress")}
     shared = {"train": train, "mlflow": params.mlflow.to_dict(), "data": data_md5, "code": code_version,
               "exp": tags.get("dvc.exp_name"), "rev": tags.get("dvc.baseline_rev")}
-    return hashlib.sha256(json.dumps(shared, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return json_digest(shared, 24)
 
 
 def check_steps(params: Params, data: Prepared, world: distributed.World) -> None:
@@ -315,23 +156,40 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
         ck, progress = prior
         out.log(f"seed {job.seed}: already finished before the interruption; reusing it")
         if not progress.done["diverged"]:
-            out.seed_files(job, ck, progress.records)
+            out.seed_files(job, ck, progress.records, progress.done["activations"])
         return progress.done, progress.records
-
     model, state, cfg = _build(job)
-    progress = resume.Progress(job.arm, job.key)
+    progress = resume.SeedProgress(job.arm, job.key)
     if prior is not None:
         checkpoint.restore(state, prior[0])
         progress = prior[1]
         out.log(f"seed {job.seed}: resuming after epoch {state.epoch} of {job.params.train.epochs}")
     else:
-        out.log(f"seed {job.seed}: {job.policy.describe()}" + (f", {job.world.size} ranks" if job.world.active else ""))
+        ranks = f", {job.world.size} ranks" if job.world.active else ""
+        out.log(f"seed {job.seed}: {describe_line(job.policy.describe())}{ranks}")
     # Wrappers go on after restoring, so checkpoints hold plain keys. Same parameters: the optimizer built
     # above still owns them. DDP averages gradients across ranks; compile wraps the (DDP) model.
     state.model = distributed.wrap(model, job.world, job.device)
     if job.params.train.compile:
         state.model = torch.compile(state.model)
+    flops = count_flops(job, model) if job.seed == job.params.train.seeds[0] else None
+    try:
+        record = _fit_in_run(job, model, state, cfg, progress, data_dir, out, flops, fresh=prior is None)
+    except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
+        record = _diverged(job, exc, progress, out, flops)
+    progress.done = record
+    out.seed_done(job, state, progress)
+    if not record["diverged"]:
+        out.log(f"seed {job.seed}: val_accuracy {progress.records[-1].val_accuracy:.4f}, "
+                f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")
+    return record, progress.records
 
+
+def _fit_in_run(job: SeedJob, model: torch.nn.Module, state: TrainState, cfg: LoopConfig,
+                progress: resume.SeedProgress, data_dir: Path, out: ArmOutputs, flops: dict | None,
+                fresh: bool) -> dict[str, Any]:
+    """Fit inside the seed's MLflow run (a checkpoint and the epoch's metrics after each epoch); then its record,
+    files and artifacts. Returns the record (``_seed_record``)."""
     tp = job.params.train
     later_seeds = len(tp.seeds) - 1 - tp.seeds.index(job.seed)
 
@@ -340,36 +198,34 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
         out.epoch(job, st, progress)
         out.log(epoch_line(f"seed {job.seed}", record, tp.epochs, tp.epochs - record.epoch + later_seeds * tp.epochs))
 
-    fresh = prior is None
-    flops = count_flops(job, model) if job.seed == tp.seeds[0] else None
-    try:
-        with out.run(job, progress.run_id) as run_id:
-            progress.run_id = run_id
-            if fresh:
-                out.dataset(job, data_dir)
-            reset_peak_memory(job.device)
-            fit(state, job.data.train, job.data.val, job.policy, cfg, on_epoch=on_epoch, world=job.world)
-            if not sum(r.optimizer_steps for r in progress.records):  # a safety net behind check_steps
-                raise AmpbenchError(f"{job.name}: training ran no optimizer step; its results would be untrained")
-            record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name)
-            record["flops"] = flops
-            out.numerics(job, run_id, record)
-            paths = out.seed_files(job, checkpoint.state_dict(state), progress.records)
-            out.seed_artifacts(job, paths, record, model)
-    except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
-        out.log(f"seed {job.seed}: DIVERGED: {exc}")
-        record = {"run_id": progress.run_id, "diverged": str(exc), "first_nonfinite": exc.culprit, "flops": flops,
-                  "activations": merge_tables([r.activations for r in progress.records] + [exc.activations])}
-        if exc.culprit:
-            record["fix"] = fix_line([exc.culprit["module"]])
-            out.log(f"seed {job.seed}: keep it in float32: {record['fix']}")
-        out.numerics(job, progress.run_id, record)
-    progress.done = record
-    out.seed_done(job, state, progress)
-    if not record["diverged"]:
-        out.log(f"seed {job.seed}: val_accuracy {progress.records[-1].val_accuracy:.4f}, "
-                f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")
-    return record, progress.records
+    with out.open_run(job, progress.run_id) as run_id:
+        progress.run_id = run_id
+        if fresh:
+            out.dataset(job, data_dir)
+        reset_peak_memory(job.device)
+        fit(state, job.data.train, job.data.val, job.policy, cfg, on_epoch=on_epoch, world=job.world)
+        if not sum(r.optimizer_steps for r in progress.records):  # a safety net behind check_steps
+            raise AmpbenchError(f"{job.name}: training ran no optimizer step; its results would be untrained")
+        record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name)
+        record["flops"] = flops
+        out.numerics(job, run_id, record)
+        paths = out.seed_files(job, checkpoint.state_dict(state), progress.records, record["activations"])
+        out.seed_artifacts(job, paths, record, model)
+    return record
+
+
+def _diverged(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: ArmOutputs,
+              flops: dict | None) -> dict[str, Any]:
+    """The record of a seed the divergence guard stopped: the reason, the first non-finite module and the rerun
+    that keeps it in float32, the activation table up to the divergence."""
+    out.log(f"seed {job.seed}: DIVERGED: {exc}")
+    record = {"run_id": progress.run_id, "diverged": str(exc), "first_nonfinite": exc.culprit, "flops": flops,
+              "activations": merge_tables([r.activations for r in progress.records] + [exc.activations])}
+    if exc.culprit:
+        record["fix"] = fix_line([exc.culprit["module"]])
+        out.log(f"seed {job.seed}: keep it in float32: {record['fix']}")
+    out.numerics(job, progress.run_id, record)
+    return record
 
 
 def count_flops(job: SeedJob, model: torch.nn.Module) -> dict[str, Any]:

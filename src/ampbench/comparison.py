@@ -1,0 +1,205 @@
+"""One arm against the baseline: its per-example outcomes, the paired statistics and verdicts (``stats.py``), and
+the tables the evaluate stage writes — comparison.json (what training deterministically produces), speed.json
+(timings and memory, which never repeat exactly) and details.json (every number). No torch, files or MLflow here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ampbench.arms import BASELINE, TF32_REFERENCE
+from ampbench.stats import (
+    Margins,
+    SeedNoise,
+    against_noise,
+    differs_from_zero,
+    paired_accuracy,
+    paired_ci,
+    paired_mean,
+    verdict,
+)
+
+
+@dataclass
+class ArmReport:
+    """One precision arm as the evaluation saw it: evaluated (``summary`` = means over seeds), or skipped/diverged
+    with a reason."""
+
+    arm: str
+    skipped_reason: str | None = None
+    status: str = "ok"  # ok | skipped (device cannot run it) | diverged (stopped by the guard)
+    ablation: bool = False
+    summary: dict[str, float] = field(default_factory=dict)
+    per_seed: dict[int, dict[str, float]] = field(default_factory=dict)
+    histories: dict[int, list[dict[str, float]]] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)  # samples_per_s, peak memory, skipped_steps, what ran
+    stats: dict[str, Any] = field(default_factory=dict)  # paired CIs and verdicts vs fp32
+    numerics: dict[str, Any] = field(default_factory=dict)  # flops, peak_tflops, first_nonfinite, activations
+
+    @property
+    def ran(self) -> bool:
+        return self.skipped_reason is None
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """One arm's per-example test outcomes, seeds × examples (the same examples in the same order for every arm)."""
+
+    correct: np.ndarray  # bool
+    loss: np.ndarray  # cross-entropy, nats
+    finite: bool  # every logit finite
+
+    @classmethod
+    def stack(cls, per_seed: dict[int, tuple]) -> Outcomes:
+        """From (correct, loss, finite) per seed, the first two CPU tensors (``metrics.example_outcomes``)."""
+        seeds = sorted(per_seed)
+        return cls(np.stack([per_seed[s][0].numpy() for s in seeds]),
+                   np.stack([per_seed[s][1].numpy() for s in seeds]), all(per_seed[s][2] for s in seeds))
+
+
+def paired_statistics(per_seed: dict[int, dict[str, float]], arm: Outcomes, ref: Outcomes, margins: Margins,
+                      noise: SeedNoise, confidence: float) -> dict[str, Any]:
+    """Intervals of the paired differences and verdicts for one arm against the baseline of the same seeds.
+
+    Accuracy and loss from the per-example outcomes (stats.paired_accuracy, stats.paired_mean); agreement, KL
+    and ECE from the per-seed values (Student t over seeds, cut to the range each can take).
+    """
+    seeds = sorted(per_seed)
+    bounds = {"delta_ece_vs_fp32": (-1, 1), "agreement_vs_fp32": (0, 1), "kl_vs_fp32": (0, None)}
+    out: dict[str, Any] = {key: paired_ci([per_seed[s][key] for s in seeds], confidence, bounds[key]).to_dict()
+                           for key in bounds}
+    finite = arm.finite and ref.finite
+    acc = paired_accuracy(arm.correct, ref.correct, confidence, finite)
+    loss = paired_mean(arm.loss - ref.loss, confidence, finite=finite)
+    out["delta_accuracy_vs_fp32"], out["delta_loss_vs_fp32"] = acc.to_dict(), loss.to_dict()
+    out["verdict"], out["verdict_reason"] = verdict(acc, margins.accuracy, True, " pp", 100)
+    out["loss_verdict"], out["loss_verdict_reason"] = verdict(loss, margins.loss, False, " nats", digits=4)
+    out["vs_seed_noise"], noise_text = against_noise(acc, noise.accuracy_floor, " pp", 100)
+    out["loss_vs_seed_noise"], loss_noise_text = against_noise(loss, noise.loss_sd, " nats", digits=4)
+    if acc.finite:
+        flips = (f"{acc.fp32_right_arm_wrong} of {acc.pairs} paired predictions right in fp32 only, "
+                 f"{acc.arm_right_fp32_wrong} right in the arm only")
+        out["verdict_reason"] += f" ({flips}; the difference is {noise_text})"
+        out["loss_verdict_reason"] += f" (the difference is {loss_noise_text})"
+    out["differs_from_fp32"] = differs_from_zero(acc)
+    return out
+
+
+def tables(reports: list[ArmReport], noise: SeedNoise,
+           margins: Margins) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(comparison.json, speed.json, details.json) in full; ``shown`` cuts the first two to their DVC columns.
+
+    comparison holds what training deterministically produces (verdicts, Δ with CI, agreement, …), so a fresh
+    clone's `dvc repro` reproduces it exactly on CPU; speed holds the timings and memory, which never repeat
+    exactly; details.json has every number, per arm and per seed.
+    """
+    by_arm = {r.arm: r for r in reports}
+    base = by_arm[BASELINE]
+    tf32 = by_arm.get(TF32_REFERENCE) if by_arm.get(TF32_REFERENCE) and by_arm[TF32_REFERENCE].ran else None
+    comparison: dict[str, Any] = {}
+    speed: dict[str, Any] = {}
+    details: dict[str, Any] = {}
+    for r in reports:
+        if not r.ran:
+            comparison[r.arm] = {"status": r.status, "verdict": r.status, "ablation": r.ablation,
+                                 "reason": r.skipped_reason}
+            details[r.arm] = {**comparison[r.arm], "numerics": r.numerics}
+            continue
+        row, timing = comparison_row(r, noise, margins), timing_row(r, base, tf32)
+        comparison[r.arm] = {k: v for k, v in row.items() if v is not None}
+        speed[r.arm] = {k: v for k, v in timing.items() if v is not None}
+        details[r.arm] = {**row, **timing, "statistics": r.stats, "mean_and_std": r.summary, "per_seed": r.per_seed,
+                          "train": r.train, "numerics": r.numerics}
+    return comparison, speed, details
+
+
+def comparison_row(r: ArmReport, noise: SeedNoise, margins: Margins) -> dict[str, Any]:
+    """An evaluated arm's deterministic numbers: verdicts, Δ with CI, agreement, KL, ECE, steps, FLOP share; for
+    the baseline its seed noise and the margins in use instead of an interval against itself."""
+    st, s, t = r.stats, r.summary, r.train
+    acc, loss = st["delta_accuracy_vs_fp32"], st["delta_loss_vs_fp32"]
+    base = r.arm == BASELINE
+    row = {"status": "ok", "ablation": r.ablation, "verdict": "baseline" if base else st["verdict"],
+           "loss_verdict": "baseline" if base else st["loss_verdict"], "seeds": acc["n"],
+           "test_accuracy": round(s["test_accuracy"], 6), "delta_accuracy_pp": _pp(acc["mean"]),
+           "delta_accuracy_pp_ci_low": None if base else _pp(acc["ci_low"]),
+           "delta_accuracy_pp_ci_high": None if base else _pp(acc["ci_high"]),
+           "test_loss": round(s["test_loss"], 6), "delta_loss": _round(loss["mean"]),
+           "delta_loss_ci_low": None if base else _round(loss["ci_low"]),
+           "delta_loss_ci_high": None if base else _round(loss["ci_high"]),
+           "agreement_vs_fp32": round(s["agreement_vs_fp32"], 6), "kl_vs_fp32": round(s["kl_vs_fp32"], 8),
+           "max_abs_logit_diff_vs_fp32": round(s["max_abs_logit_diff_vs_fp32"], 6), "ece": round(s["test_ece"], 6),
+           "delta_ece": round(s["delta_ece_vs_fp32"], 6), "skipped_steps": t["skipped_steps"],
+           "optimizer_steps": t.get("optimizer_steps")}
+    flops = r.numerics.get("flops")
+    if flops:  # counted, so deterministic: it belongs with the comparison, not the timings
+        row["low_precision_flop_share"] = round(flops["low_precision_share"], 6)
+    if base:  # the noise floor and the margins in use, once
+        row.update({"fp32_seed_sd_accuracy_pp": _pp(noise.accuracy_sd), "fp32_seed_sd_loss": _round(noise.loss_sd),
+                    "fp32_seed_disagreement": _round(noise.disagreement),
+                    "margin_accuracy_pp": _pp(margins.accuracy), "margin_loss": _round(margins.loss)})
+    else:
+        row.update({"vs_seed_noise": st["vs_seed_noise"], "differs_from_fp32": st["differs_from_fp32"],
+                    "paired_examples": acc["pairs"], "fp32_right_arm_wrong": acc["fp32_right_arm_wrong"],
+                    "arm_right_fp32_wrong": acc["arm_right_fp32_wrong"],
+                    "design_effect": _round(acc["design_effect"], 4)})
+    return row
+
+
+def timing_row(r: ArmReport, base: ArmReport, tf32: ArmReport | None) -> dict[str, Any]:
+    """An evaluated arm's throughput, memory and input wait, as ratios to fp32 (and tf32 when it ran); achieved
+    FLOP/s from the counted FLOPs, and its share of the GPU's peak when the GPU is known."""
+    t, flops = r.train, r.numerics.get("flops")
+    timing = {
+        "samples_per_s": round(t["samples_per_s"], 1),
+        "speedup_vs_fp32": _ratio(t["samples_per_s"], base.train["samples_per_s"]),
+        "peak_memory_mb": round(t["peak_memory_mb"], 1),
+        "memory_vs_fp32": _ratio(t["peak_memory_mb"], base.train["peak_memory_mb"]),
+        "input_wait_share": _round(t.get("input_wait_share"), 4),
+    }
+    if flops:  # achieved FLOP/s: counted FLOPs per sample × samples/s; against the GPU's peak when known
+        timing["achieved_tflops"] = round(flops["per_sample"] * t["samples_per_s"] / 1e12, 6)
+        if r.numerics.get("peak_tflops"):
+            timing["peak_share"] = round(timing["achieved_tflops"] / r.numerics["peak_tflops"], 6)
+    if tf32 is not None:
+        timing["speedup_vs_tf32"] = _ratio(t["samples_per_s"], tf32.train["samples_per_s"])
+        timing["memory_vs_tf32"] = _ratio(t["peak_memory_mb"], tf32.train["peak_memory_mb"])
+    return timing
+
+
+def _pp(fraction: float | None) -> float | None:
+    """A fraction as percentage points, rounded for the metrics files."""
+    return None if fraction is None else round(100 * fraction, 4)
+
+
+def _round(x: float | None, digits: int = 6) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+# What the DVC metrics files keep per arm: `dvc exp show` draws one column per value, so a handful (≈ 20 for the
+# four main arms) that answer "may I switch?"; every other number is in details.json and the MLflow parent run.
+SHOWN = ("verdict", "test_accuracy", "delta_accuracy_pp", "delta_accuracy_pp_ci_low", "delta_accuracy_pp_ci_high")
+SHOWN_BASELINE = ("verdict", "test_accuracy", "margin_accuracy_pp")
+SPEED_SHOWN = ("speedup_vs_fp32", "memory_vs_fp32")
+
+
+def shown(comparison: dict[str, Any], speed: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The slim comparison.json and speed.json: the columns above, plus skipped optimizer steps where the scaler
+    skipped any; fp32's own throughput instead of ratios to itself."""
+    slim, fast = {}, {}
+    for arm, row in comparison.items():
+        keys = SHOWN_BASELINE if arm == BASELINE else SHOWN
+        slim[arm] = {k: row[k] for k in keys if row.get(k) is not None}
+        if row.get("skipped_steps"):
+            slim[arm]["skipped_steps"] = row["skipped_steps"]
+    for arm, row in speed.items():
+        keys = ("samples_per_s",) if arm == BASELINE else SPEED_SHOWN
+        fast[arm] = {k: row[k] for k in keys if row.get(k) is not None}
+    return slim, fast

@@ -1,0 +1,122 @@
+"""Validation of params.yaml against the schema in ``params.py``: types and bounds (pydantic), then combinations
+that are each valid alone but not together. Every problem becomes ``ParamsError`` with one line naming the key,
+the value and what is allowed, before any stage does work.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ampbench.arms import BASELINE
+from ampbench.errors import ParamsError
+from ampbench.params import Params, dataset_kind, model_kind
+
+
+def _unknown_torchvision_name(name: str) -> str | None:
+    """Why torchvision.<name> is not one of torchvision's classification models (naming the closest), or None.
+    Imports torchvision, so it runs only for such names."""
+    import difflib
+
+    import torchvision
+
+    known = torchvision.models.list_models(module=torchvision.models)  # classifiers only: no detection, video…
+    if name in known:
+        return None
+    close = difflib.get_close_matches(name, known, n=4, cutoff=0.5)
+    hint = f"closest: {', '.join(f'torchvision.{c}' for c in close)}" if close else f"{len(known)} are known"
+    return f"torchvision has no classification model {name!r} ({hint})"
+
+
+def _cross_checks(p: Params) -> list[tuple[str, str]]:
+    """(key, reason) for combinations of values that are each valid alone but not together."""
+    tp = p.train
+    problems = []
+    try:
+        dataset_kind(p.prepare.dataset)
+    except ValueError as exc:
+        problems.append(("prepare.dataset", str(exc)))
+    try:
+        kind = model_kind(tp.model)
+    except ValueError as exc:
+        problems.append(("train.model", str(exc)))
+    else:
+        if kind == "torchvision":
+            why = _unknown_torchvision_name(tp.model.removeprefix("torchvision."))
+            if why:
+                problems.append(("train.model", why))
+        if kind != "builtin" and tp.width is not None:
+            problems.append(("train.width", f"sizes the built-in models only; set {tp.model}'s size in "
+                                            "train.model_args"))
+    if BASELINE not in tp.precisions:
+        problems.append(("train.precisions", f"must include the {BASELINE} baseline: every arm is evaluated "
+                                             f"against it (got {tp.precisions})"))
+    for key in ("precisions", "seeds"):
+        value = getattr(tp, key)
+        if len(set(value)) != len(value):
+            problems.append((f"train.{key}", f"entries must be unique, got {value}"))
+    for key in ("accuracy_pp", "loss"):
+        if getattr(p.evaluate.margin, key) == "auto" and len(tp.seeds) < 2:
+            problems.append((f"evaluate.margin.{key}", "auto derives the margin from fp32's seed-to-seed variation, "
+                                                       f"which needs at least 2 seeds in train.seeds (got {tp.seeds})"))
+    if tp.cudnn_benchmark and tp.deterministic:
+        problems.append(("train.cudnn_benchmark", "picks kernels by timing, which is not deterministic: set "
+                                                  "train.deterministic: false to use it"))
+    if tp.batch_size < 2:
+        problems.append(("train.batch_size", f"{tp.batch_size} trains nothing: batches of one sample are dropped "
+                                             "(BatchNorm cannot train on them); use at least 2"))
+    if tp.batch_size % tp.nproc_per_node:
+        problems.append(("train.batch_size", f"{tp.batch_size} does not split evenly over nproc_per_node="
+                                             f"{tp.nproc_per_node} processes (it is the global batch)"))
+    return problems
+
+
+def _where(error: dict[str, Any]) -> str:
+    # Union members add their tag to the location (e.g. "constrained-float"): not a key, so left out.
+    return ".".join(str(p) for p in error["loc"] if not isinstance(p, str) or p.isidentifier()) or "params"
+
+
+def _describe(error: dict[str, Any], also: list[dict[str, Any]] = ()) -> str:
+    where = _where(error)
+    if error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+        return f"{where}: unknown key (a typo?)"
+    got = error.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    msgs = [error["msg"]] + [e["msg"] for e in also]  # a union's members: any of them would do
+    return f"{where}: {', or '.join(msgs)}{shown}"
+
+
+def validate(raw: dict[str, Any] | None) -> Params:
+    """Validate a params mapping; raise ParamsError naming the first bad key (and how many more there are)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        params = TypeAdapter(Params).validate_python(raw or {})
+    except ValidationError as exc:
+        errors = exc.errors()
+        same = [e for e in errors[1:] if _where(e) == _where(errors[0])]
+        rest = len(errors) - 1 - len(same)
+        more = f" (and {rest} more)" if rest else ""
+        raise ParamsError(_describe(errors[0], same) + more) from None
+    problems = _cross_checks(params)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        key, reason = problems[0]
+        raise ParamsError(f"{key}: {reason}{more}")
+    return params
+
+
+def load_params(path: str | Path) -> Params:
+    """Read and validate a params.yaml file."""
+    import yaml
+
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: no such params file") from None
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    return validate(raw)
