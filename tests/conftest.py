@@ -153,6 +153,12 @@ def tiny_params() -> dict:
     return yaml.safe_load(yaml.safe_dump(TINY))
 
 
+@pytest.fixture(scope="module")
+def tiny_params_module() -> dict:
+    """The same, for a module-scoped set-up that several tests read."""
+    return yaml.safe_load(yaml.safe_dump(TINY))
+
+
 def stage_command(name: str, params: Path, *args: str) -> list[str]:
     """The command line of stage ``name`` (pipeline/<name>.py) with ``params`` and further options."""
     return [sys.executable, str(ROOT / "pipeline" / f"{name}.py"), "--params", str(params), *args]

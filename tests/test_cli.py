@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from ampbench.data import load_prepared
@@ -167,46 +168,68 @@ def test_bad_params_one_line_no_traceback_no_outputs(tmp_path, tiny_params, writ
     assert not out.exists()
 
 
-def test_stages_in_process(tmp_path, tiny_params, write_params, mlflow_store):
-    """prepare → train (fp32, a skipped tf32, bf16) → evaluate, in one process with log_model off."""
-    import mlflow
-
-    tiny_params["train"]["precisions"] = ["fp32", "tf32", "bf16"]
-    tiny_params["mlflow"]["log_model"] = False
-    params = str(write_params(tiny_params))
-    data, models, reports = tmp_path / "prepared", tmp_path / "models", tmp_path / "reports"
-    runner = CliRunner()
-    r = runner.invoke(_stage("prepare"), ["--params", params, "--out", str(data)])
-    assert r.exit_code == 0, r.output
-    for arm in tiny_params["train"]["precisions"]:
-        r = _train(arm, params, data, models)
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory, tiny_params_module):
+    """prepare → train (fp32, a skipped tf32, bf16) → evaluate, once, in one process with log_model off; the
+    tests below read what it left: (folders, comparison, details, speed, report, MLflow store URI)."""
+    tmp = tmp_path_factory.mktemp("stages")
+    params = tiny_params_module
+    params["train"]["precisions"] = ["fp32", "tf32", "bf16"]
+    params["mlflow"]["log_model"] = False
+    path = tmp / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    data, models, reports = tmp / "prepared", tmp / "models", tmp / "reports"
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        runner = CliRunner()
+        r = runner.invoke(_stage("prepare"), ["--params", str(path), "--out", str(data)])
+        assert r.exit_code == 0, r.output
+        for arm in params["train"]["precisions"]:
+            r = _train(arm, str(path), data, models)
+            assert r.exit_code == 0, r.output + str(r.exception)
+        r = runner.invoke(_stage("evaluate"), ["--params", str(path), "--data", str(data), "--models", str(models),
+                                               "--reports", str(reports)])
         assert r.exit_code == 0, r.output + str(r.exception)
-    assert "tf32 is a CUDA tensor-core mode" in json.loads((models / "tf32" / "summary.json").read_text())["skipped"]
-    r = runner.invoke(_stage("evaluate"), ["--params", params, "--data", str(data), "--models", str(models),
-                                           "--reports", str(reports)])
-    assert r.exit_code == 0, r.output + str(r.exception)
-    metrics = json.loads((reports / "comparison.json").read_text())
-    details = json.loads((reports / "details.json").read_text())
-    speed = json.loads((reports / "speed.json").read_text())
+    read = lambda name: json.loads((reports / name).read_text())  # noqa: E731
+    return {"data": data, "models": models, "reports": reports, "comparison": read("comparison.json"),
+            "details": read("details.json"), "speed": read("speed.json"), "uri": uri,
+            "report": (reports / "report.md").read_text()}
+
+
+def test_stages_write_every_report(stages):
+    metrics, details, speed = stages["comparison"], stages["details"], stages["speed"]
+    skipped = json.loads((stages["models"] / "tf32" / "summary.json").read_text())["skipped"]
+    assert "tf32 is a CUDA tensor-core mode" in skipped
     assert metrics["tf32"] == {"verdict": "skipped"} and "tf32 is a CUDA" in details["tf32"]["reason"]
     assert metrics["fp32"]["verdict"] == "baseline" and details["fp32"]["delta_accuracy_pp"] == 0.0
-    assert 0 <= metrics["bf16"]["test_accuracy"] <= 1
+    # Δ is bf16 − fp32 of the same seed on the same examples: the three numbers agree (to the files' rounding).
+    assert metrics["bf16"]["test_accuracy"] - details["fp32"]["test_accuracy"] == pytest.approx(
+        metrics["bf16"]["delta_accuracy_pp"] / 100, abs=2e-6)
     assert set(speed) == {"fp32", "bf16"} and set(speed["bf16"]) == {"speedup_vs_fp32", "memory_vs_fp32"}
-    # One seed: the interval covers example sampling only, and the verdict says so instead of pretending.
-    bf16_row = metrics["bf16"]
-    assert bf16_row["delta_accuracy_pp_ci_low"] < bf16_row["delta_accuracy_pp_ci_high"]
-    assert details["bf16"]["paired_examples"] == len(load_prepared(data).test)  # one seed × every test example
-    report = (reports / "report.md").read_text()
-    assert "with 1 seed, seed-to-seed variation is not in the interval" in report
-    first = report.splitlines()[2]  # the recommendation opens the report; bf16's speed on a CPU varies by CPU
-    assert first.startswith("**Recommendation: ") and "Measured on a CPU" in first
     for png in ("curves.png", "accuracy_delta.png", "speed_memory.png"):
-        assert (reports / "figures" / png).stat().st_size > 10_000
-    assert "| bf16 |" in (reports / "report.md").read_text()
-    curves = json.loads((reports / "curves.json").read_text())
+        assert (stages["reports"] / "figures" / png).stat().st_size > 10_000
+    assert "| bf16 |" in stages["report"]
+    curves = json.loads((stages["reports"] / "curves.json").read_text())
     assert {row["run"] for row in curves} == {"fp32-seed0", "bf16-seed0"}
 
-    mlflow.set_tracking_uri(mlflow_store)
+
+def test_one_seed_is_said_not_hidden(stages):
+    """One seed: the interval covers example sampling only, and the verdict says so instead of pretending."""
+    bf16_row, details = stages["comparison"]["bf16"], stages["details"]
+    assert bf16_row["delta_accuracy_pp_ci_low"] < bf16_row["delta_accuracy_pp_ci_high"]
+    assert details["bf16"]["paired_examples"] == len(load_prepared(stages["data"]).test)  # 1 seed × every example
+    assert "with 1 seed, seed-to-seed variation is not in the interval" in stages["report"]
+    first = stages["report"].splitlines()[2]  # the recommendation opens the report; bf16's speed varies by CPU
+    assert first.startswith("**Recommendation: ") and "Measured on a CPU" in first
+
+
+def test_the_parent_run_holds_the_comparison(stages):
+    import mlflow
+
+    from ampbench.fileio import dvc_md5
+
+    mlflow.set_tracking_uri(stages["uri"])
     runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
     by_name = {run.info.run_name: run for run in runs}
     (parent,) = [r for r in runs if r.data.tags.get("ampbench.role") == "execution"]  # one per execution
@@ -215,20 +238,28 @@ def test_stages_in_process(tmp_path, tiny_params, write_params, mlflow_store):
     assert all(run.info.status == "FINISHED" for run in runs)
     for name in ("fp32-seed0", "bf16-seed0"):
         assert by_name[name].data.tags["mlflow.parentRunId"] == parent.info.run_id
+    p, first = parent.data, stages["report"].splitlines()[2]
+    assert p.tags["recommendation"] == first.replace("**", "") and "skipped.tf32" in p.tags
+    assert p.tags["verdict.bf16"] == "inconclusive" and p.tags["dvc.data_md5"] == dvc_md5(stages["data"])
+    assert p.metrics["bf16.speedup_vs_fp32"] == stages["speed"]["bf16"]["speedup_vs_fp32"]
+    assert p.metrics["fp32.margin_accuracy_pp"] == stages["details"]["fp32"]["margin_accuracy_pp"]  # once
+    assert p.params["evaluate.confidence"] == "0.95" and p.params["prepare.dataset"] == "digits"
+
+
+def test_each_arm_run_holds_its_own_numbers(stages):
+    import mlflow
+
     from ampbench.fileio import dvc_md5
 
-    p = parent.data
-    assert p.tags["recommendation"] == first.replace("**", "") and "skipped.tf32" in p.tags
-    assert p.tags["verdict.bf16"] == "inconclusive" and p.tags["dvc.data_md5"] == dvc_md5(data)
-    assert p.metrics["bf16.speedup_vs_fp32"] == speed["bf16"]["speedup_vs_fp32"]
-    assert p.metrics["fp32.margin_accuracy_pp"] == details["fp32"]["margin_accuracy_pp"]  # baseline values: once
-    assert p.params["evaluate.confidence"] == "0.95" and p.params["prepare.dataset"] == "digits"
-    bf16 = by_name["bf16-seed0"].data
+    mlflow.set_tracking_uri(stages["uri"])
+    runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
+    bf16 = next(r for r in runs if r.info.run_name == "bf16-seed0").data
+    metrics, speed = stages["comparison"], stages["speed"]
     assert bf16.params["effective.autocast_dtype"] == "bfloat16"
     assert "prepare.dataset" not in bf16.params and "evaluate.confidence" not in bf16.params  # on the parent
     assert not [k for k in bf16.metrics if k.startswith(("arm.", "fp32."))]  # arm-level values: on the parent
     assert bf16.tags["verdict"] == "inconclusive" and bf16.tags["precision"] == "bf16"
-    assert bf16.tags["dvc.data_md5"] == dvc_md5(data)
+    assert bf16.tags["dvc.data_md5"] == dvc_md5(stages["data"])
     assert bf16.metrics["test_acc"] == pytest.approx(metrics["bf16"]["test_accuracy"], abs=1e-6)
     assert bf16.metrics["d_acc_pp"] == pytest.approx(metrics["bf16"]["delta_accuracy_pp"], abs=1e-3)  # one seed
     assert bf16.metrics["speed_x"] == speed["bf16"]["speedup_vs_fp32"]

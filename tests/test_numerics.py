@@ -109,7 +109,9 @@ def test_reported_losses_are_unscaled():
 @pytest.mark.parametrize("arm", ["fp16_pure", "bf16_pure"])
 def test_pure_ablations_train_in_16_bit_weights(arm):
     record, acc, model = _run(arm)
-    assert record.epoch == 3 and 0 <= acc <= 1
+    # An easy task they do learn (what they lose is small updates, which round away: test_tutorial_claims), and
+    # the epoch's validation accuracy is the one predict() gives for the final weights.
+    assert record.epoch == 3 and acc == record.val_accuracy > 0.9
     expected = torch.float16 if arm == "fp16_pure" else torch.bfloat16
     assert {p.dtype for p in model.parameters()} == {expected}  # no fp32 master weights
 

@@ -28,7 +28,7 @@ from ampbench import user_code
 from ampbench.errors import AmpbenchError
 from ampbench.models import build_builtin
 from ampbench.params import model_kind
-from ampbench.user_code import first_line, import_callable, source_file
+from ampbench.user_code import first_line, import_callable
 
 CPU = torch.device("cpu")
 
@@ -60,11 +60,6 @@ class ModelSpec:
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ModelSpec:
         return cls(meta["name"], meta["width"], dict(meta["args"]))
-
-
-def factory_source(name: str) -> Path | None:
-    """The file that defines the factory ``package.module:callable`` (None if it has none, e.g. a C extension)."""
-    return source_file(name, "train.model", ModelError)
 
 
 def require_tracked(spec: ModelSpec, model_code: str, root: Path) -> None:
