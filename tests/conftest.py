@@ -3,6 +3,7 @@ helpers subprocess tests share (a cleaned environment, a throwaway project repo)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -130,6 +131,17 @@ def gpu_box_env(tmp_path: Path, blocked: tuple[str, ...] = TORCH_ONLY) -> dict[s
     return {"PYTHONPATH": f"{tmp_path}:{ROOT / 'src'}", "PATH": "/usr/bin:/bin"}
 
 
+def prepare_in_process(params: Path, out: Path) -> Path:
+    """The prepare stage, in this process (its output is the same as a subprocess's; tests of the stage as a
+    process are elsewhere): ``out``."""
+    from click.testing import CliRunner
+    from pipeline.prepare import main as prepare_stage
+
+    result = CliRunner().invoke(prepare_stage, ["--params", str(params), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
 def prepare_synthetic(folder: Path, prepare: dict, train: dict | None = None) -> tuple[dict, Path]:
     """The tiny params with synthetic data (``prepare`` overrides, ``train`` overrides, no model logging), written
     to ``folder``/params.yaml and prepared by the prepare stage into ``folder``/prepared: (params, prepared)."""
@@ -182,15 +194,25 @@ def mlflow_store(tmp_path, monkeypatch) -> str:
     return uri
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_flags():
-    """Tests change global backend flags through precision policies; put them back afterwards."""
+@contextlib.contextmanager
+def torch_flags_restored():
+    """Put torch's global backend flags (precision policies, deterministic mode) back as they were afterwards."""
     kernels = (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn,
                torch.backends.mkldnn.matmul, torch.backends.mkldnn.conv, torch.backends.mkldnn.rnn)
     saved = [k.fp32_precision for k in kernels]
     deterministic, matmul = torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision()
-    yield
-    torch.set_float32_matmul_precision(matmul)  # first: it sets some of the flags below
-    for k, mode in zip(kernels, saved, strict=True):
-        k.fp32_precision = mode
-    torch.use_deterministic_algorithms(deterministic)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)  # first: it sets some of the flags below
+        for k, mode in zip(kernels, saved, strict=True):
+            k.fp32_precision = mode
+        torch.use_deterministic_algorithms(deterministic)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_flags():
+    """Tests change global backend flags through precision policies; put them back afterwards. (A module-scoped
+    set-up that trains in this process wraps itself in ``torch_flags_restored`` too: it runs before this.)"""
+    with torch_flags_restored():
+        yield

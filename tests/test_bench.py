@@ -76,7 +76,6 @@ def test_bench_needs_only_torch_and_torchvision(tmp_path):
 def test_each_arms_memory_is_measured_with_only_its_own_state_alive(monkeypatch):
     """Throughput rounds interleave every arm (all alive); the memory pass then builds, measures and frees one arm
     at a time, so no other arm's model, gradients or optimizer state is in its peak."""
-    import gc
     import weakref
 
     from ampbench.bench import loop as benchloop
@@ -90,7 +89,8 @@ def test_each_arms_memory_is_measured_with_only_its_own_state_alive(monkeypatch)
         live.add(self)
 
     def counting_reset(device):
-        gc.collect()
+        # No gc.collect() here: the memory pass collects before building each arm itself, and in a test process
+        # with a large heap every collection costs seconds.
         alive_at_reset.append(len(live))
         reset(device)
 

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from ampbench.data import load_prepared
-from conftest import ROOT
+from conftest import ROOT, torch_flags_restored
 
 
 def _train(arm, params, data, models):
@@ -180,7 +180,7 @@ def stages(tmp_path_factory, tiny_params_module):
     path.write_text(yaml.safe_dump(params))
     data, models, reports = tmp / "prepared", tmp / "models", tmp / "reports"
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, torch_flags_restored():
         mp.setenv("MLFLOW_TRACKING_URI", uri)
         runner = CliRunner()
         r = runner.invoke(_stage("prepare"), ["--params", str(path), "--out", str(data)])

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import ARM_RUNS, clean_env, run_ok, stage_command
+from conftest import ARM_RUNS, clean_env, prepare_in_process, run_ok, stage_command
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def test_two_gloo_processes_match_one_process(tmp_path, tiny_params, write_param
     tiny_params["mlflow"]["log_model"] = False
     env = clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
     single_params = write_params(tiny_params, "single.yaml")
-    run_ok(stage_command("prepare", single_params, "--out", str(tmp_path / "prepared")), tmp_path, env)
+    prepare_in_process(single_params, tmp_path / "prepared")
 
     _train(tmp_path, single_params, "single", env)
     tiny_params["train"]["nproc_per_node"] = 2

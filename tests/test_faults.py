@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ARM_RUNS, ROOT, clean_env, make_project_repo, run_ok, stage_command
+from conftest import ARM_RUNS, ROOT, clean_env, make_project_repo, prepare_in_process, run_ok
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,7 @@ def setup(tmp_path, tiny_params, write_params):
 
     params = make()
     data = tmp_path / "prepared"
-    run_ok(stage_command("prepare", params, "--out", str(data)), tmp_path, clean_env())
+    prepare_in_process(params, data)
 
     def args(params_file: Path, name: str) -> list[str]:
         return ["--params", str(params_file), "--precision", "fp32", "--data", str(data),

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from conftest import ARM_RUNS, clean_env, make_project_repo, run_ok, stage_command
+from conftest import ARM_RUNS, clean_env, make_project_repo, prepare_in_process, run_ok, stage_command
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_parallel_experiments_lose_nothing(server, tmp_path, team_params, write_
     params["mlflow"]["log_model"] = False
     experiment = params["mlflow"]["experiment"]
     path = write_params(params)
-    run_ok(stage_command("prepare", path, "--out", str(tmp_path / "prepared")), tmp_path, clean_env())
+    prepare_in_process(path, tmp_path / "prepared")
     env = clean_env(MLFLOW_TRACKING_URI=server)
     procs = [subprocess.Popen(stage_command("train", path, "--precision", "fp32", "--data", str(tmp_path / "prepared"),
                                             "--out", str(tmp_path / f"m{i}"), "--resume-dir", str(tmp_path / f"r{i}")),

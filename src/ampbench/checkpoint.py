@@ -5,6 +5,7 @@ When a checkpoint may be resumed is ``resume.py``'s business; this module only w
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,12 @@ def save(state: TrainState, meta: dict[str, Any], path: Path) -> None:
 
 def write(ck: dict[str, Any], meta: dict[str, Any], path: Path) -> None:
     """Write the checkpoint dict ``ck`` with ``meta`` in place of its own, atomically (a crash mid-write leaves
-    the previous file intact)."""
-    atomic_torch_save({**ck, "meta": meta}, path)
+    the previous file intact).
+
+    ``meta`` goes through JSON first: pickle writes an object seen twice as a back-reference, so two equal metas
+    built from different objects (an arm name from argv, or the registry's own string) would give different bytes,
+    and DVC different hashes, for the same checkpoint."""
+    atomic_torch_save({**ck, "meta": json.loads(json.dumps(meta))}, path)
 
 
 def restore(state: TrainState, ck: dict[str, Any]) -> None:
