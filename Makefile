@@ -7,7 +7,7 @@ BIN    := $(abspath $(VENV))/bin
 # (pipeline/python), so `.venv/bin/dvc exp run …` works outside make too.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install repro test test-fast lint params ui team-server lock clean
+.PHONY: install repro test test-fast lint docs params ui team-server lock clean
 
 install: $(VENV)/.installed  ## create .venv and install the pinned versions (the first step of every target)
 
@@ -29,13 +29,20 @@ test-fast: $(VENV)/.installed  ## unit tests only, skips the slow end-to-end one
 lint: $(VENV)/.installed  ## ruff: pyflakes, pycodestyle, import order, bugbear (settings in pyproject.toml)
 	ruff check .
 
+docs: $(VENV)/.docs-installed  ## build the docs site into site/ (mkdocs build --strict: a broken link or page fails)
+	mkdocs build --strict
+
+$(VENV)/.docs-installed: requirements-docs.lock $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-docs.lock
+	touch $@
+
 params: $(VENV)/.installed  ## after changing src/ampbench/params.py: rewrite params.yaml's comments and dvc.yaml's params lists
 	ampbench sync-params
 
 ui: $(VENV)/.installed  ## open the MLflow UI (127.0.0.1) on the pipeline's store
 	ampbench ui
 
-team-server: $(VENV)/.installed  ## PostgreSQL-backed MLflow server on 127.0.0.1:5001 (see README, team mode)
+team-server: $(VENV)/.installed  ## PostgreSQL-backed MLflow server on 127.0.0.1:5001 (docs/operations.md, team mode)
 	bash scripts/team_server.sh start
 
 lock:  ## refresh requirements.lock from the current venv

@@ -1,5 +1,5 @@
 """Open the two pages a user reads — `dvc plots show`'s page and the MLflow UI's runs table — in headless Chromium
-and check they render what the README says; optionally save screenshots of both (the README's images).
+and check they render what the docs say; optionally save screenshots of both (docs/mlflow-runs.png, docs/plots.png).
 
 Run: .venv/bin/python scripts/ui_check.py [--root .] [--screenshots docs/]
 Needs Chromium (Debian: `apt-get install chromium`). The plots page is opened with every network request sent to
@@ -166,7 +166,7 @@ def check_plots_page(root: Path, screenshot: Path | None = None) -> list[str]:
     return problems
 
 
-# The runs table's columns the README lists; added the way a user does it, through "Columns".
+# The runs table's columns docs/mlflow-and-dvc.md lists; added the way a user does it, through "Columns".
 COLUMNS = ("test_acc", "d_acc_pp", "speed_x", "verdict")
 
 
@@ -181,7 +181,7 @@ def _leaf(text: str) -> str:
 def check_runs_table(root: Path, parents: list[str], children: list[str], screenshot: Path | None = None,
                      env: dict[str, str] | None = None) -> list[str]:
     """`ampbench ui --port 0` on the project's store (``env``: its environment, default this one's): the runs
-    table lists the ``parents``; expanded, it shows their ``children``; the README's columns can be added
+    table lists the ``parents``; expanded, it shows their ``children``; the columns the docs list can be added
     (``COLUMNS``) and then head the table."""
     ui = subprocess.Popen([sys.executable, "-m", "ampbench.cli", "ui", "--root", str(root), "--port", "0"],
                           cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

@@ -110,8 +110,8 @@ class PrepareParams(_Section):
 
     dataset: Annotated[str, knob(
         "digits (ships with scikit-learn) | mnist | fashion_mnist | cifar10 (the publishers' files in raw_dir) | "
-        "imagefolder (class folders in raw_dir) | synthetic | package.module:callable (your Datasets; README: bring "
-        "your own data)")] = "digits"
+        "imagefolder (class folders in raw_dir) | synthetic | package.module:callable (your Datasets; "
+        "docs/your-data.md)")] = "digits"
     raw_dir: Annotated[str, knob(
         "where raw data is read from, a dependency of prepare: the idx files / CIFAR tarball, or imagefolder's "
         "class folders (e.g. /usr/share/datasets/fashion-mnist from Debian's dataset-fashion-mnist)",
@@ -179,7 +179,7 @@ class TrainParams(_Section):
                                                            stages=("train", "evaluate"))] = "auto"
     model: Annotated[str, knob(
         "small_cnn | resnet18 | mlp | vit_tiny | torchvision.<name> (any torchvision classifier, e.g. "
-        "torchvision.mobilenet_v3_small) | package.module:callable (your factory; README: bring your own model)",
+        "torchvision.mobilenet_v3_small) | package.module:callable (your factory; docs/your-model.md)",
         min_length=1)] = "small_cnn"
     model_args: Annotated[dict[str, Any], knob(
         "keyword arguments for the model: vit_tiny's patch_size, depth, heads, mlp_ratio; a torchvision "

@@ -19,7 +19,7 @@ from ampbench.validation import load_params
 
 HEADER = """\
 # ampbench parameters: one section per DVC stage (prepare, train, evaluate) plus mlflow.
-# Change any value for one run with:  .venv/bin/dvc exp run --temp -S train.epochs=12  (the README says more)
+# Change any value for one run with:  .venv/bin/dvc exp run --temp -S train.epochs=12  (docs/mlflow-and-dvc.md)
 # Defaults and comments come from src/ampbench/params.py: after changing it, run `make params`.
 """
 COMMENT_COLUMN = 27

@@ -4,7 +4,7 @@
 TF32 backend flags, or raises ``ArmUnavailable`` when the device cannot run the arm as named. The training loop
 uses whatever the policy hands it and never branches on the name.
 
-What each arm means is data in ``arms.py``; the README's "precision arms" table says it in words.
+What each arm means is data in ``arms.py``; docs/precision-arms.md says it in words.
 """
 
 from __future__ import annotations

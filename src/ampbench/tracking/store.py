@@ -55,8 +55,8 @@ def check_artifact_location(uri: str, location: str | None) -> None:
     if location is None and scheme in ("postgresql", "mysql", "mssql"):
         raise AmpbenchError(f"MLflow store {redact(uri)} is a database without an MLflow server: set "
                             "AMPBENCH_ARTIFACT_LOCATION to a folder or URI every run can reach (a shared path, "
-                            "s3://…), or put an MLflow server in front (see README, team mode); otherwise artifacts "
-                            "would land in the folder this stage happens to run in")
+                            "s3://…), or put an MLflow server in front (docs/operations.md, team mode); otherwise "
+                            "artifacts would land in the folder this stage happens to run in")
 
 
 def check_existing_location(experiment: str, location: str | None) -> None:

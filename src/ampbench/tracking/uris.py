@@ -77,7 +77,7 @@ def check_uri(uri: str) -> None:
             urllib.request.urlopen(_health_request(uri), timeout=5).close()
         except Exception as exc:  # URLError, timeout, HTTP errors: one message for all
             raise AmpbenchError(f"MLflow server {redact(uri)} is unreachable ({mask(str(exc), uri)}); start it "
-                                "(see README, team mode) or unset MLFLOW_TRACKING_URI") from None
+                                "(docs/operations.md, team mode) or unset MLFLOW_TRACKING_URI") from None
     if scheme == "sqlite":
         db = Path(sqlite_path(uri))
         folder = db.parent if db.parent.exists() else next(p for p in db.parents if p.exists())
