@@ -159,7 +159,8 @@ def _free_port() -> int:
 def _server(backend: str, artifacts: Path, port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                              "--workers", "1", "--artifacts-destination", str(artifacts)],
-                            env=clean_env(MLFLOW_BACKEND_STORE_URI=backend), stdout=subprocess.DEVNULL,
+                            env=clean_env(MLFLOW_BACKEND_STORE_URI=backend, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
+                            stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     import urllib.request
 

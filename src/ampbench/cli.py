@@ -56,13 +56,16 @@ def one_line_errors(fn):
               help="Interface to bind. Keep loopback; for remote access use an SSH tunnel, not 0.0.0.0.")
 @click.option("--wait", type=click.FloatRange(1, 600), default=120, show_default=True,
               help="Seconds to wait for the server to answer before giving up.")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Server worker processes (about 200 MB each); one serves a user on this machine.")
 @click.option("--dry-run", is_flag=True, help="Print the command and link, do not start the server.")
 @one_line_errors
-def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, dry_run: bool) -> None:
+def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, workers: int, dry_run: bool) -> None:
     """Start the MLflow UI on the pipeline's store; print the link to its training-runs table once it answers.
 
     The store URI reaches the server through its environment (MLFLOW_BACKEND_STORE_URI), never its command line,
-    which every user of the machine can read with `ps`.
+    which every user of the machine can read with `ps`. MLflow's job runner (GenAI jobs: a pool of worker
+    processes the runs table never uses) stays off unless MLFLOW_SERVER_ENABLE_JOB_EXECUTION says otherwise.
     """
     from ampbench import tracking
     from ampbench.validation import load_params
@@ -73,14 +76,15 @@ def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, dr
         port = _free_port(host, port)
     uri, _ = tracking.store_uris(root)
     exp_id = tracking.setup(root, name)
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port)]
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", str(workers)]
     # The UI opens experiments in its GenAI view by default; this query opens the runs table instead.
     link = f"http://{host}:{port}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
     click.echo(f"MLFLOW_BACKEND_STORE_URI={tracking.redact(uri)} {' '.join(cmd)}")
     if dry_run:
         click.echo(f"MLflow UI: {link}")
         return
-    _serve(cmd, {**os.environ, "MLFLOW_BACKEND_STORE_URI": uri}, host, port, wait, link)
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, "MLFLOW_BACKEND_STORE_URI": uri}
+    _serve(cmd, env, host, port, wait, link)
 
 
 def _free_port(host: str, port: int) -> int:
