@@ -142,6 +142,19 @@ def prepare_in_process(params: Path, out: Path) -> Path:
     return out
 
 
+def train_in_process(args: list[str], tracking_uri: str) -> str:
+    """The train stage with ``args``, in this process, against the store ``tracking_uri`` (for the reruns and
+    references of process-level tests, where the process under test is another one): its output, exit 0."""
+    from click.testing import CliRunner
+    from pipeline.train import main as train_stage
+
+    with pytest.MonkeyPatch.context() as mp, torch_flags_restored():
+        mp.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+        result = CliRunner().invoke(train_stage, [str(a) for a in args])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
 def prepare_synthetic(folder: Path, prepare: dict, train: dict | None = None) -> tuple[dict, Path]:
     """The tiny params with synthetic data (``prepare`` overrides, ``train`` overrides, no model logging), written
     to ``folder``/params.yaml and prepared by the prepare stage into ``folder``/prepared: (params, prepared)."""

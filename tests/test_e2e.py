@@ -197,6 +197,27 @@ def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
     run_ok(["git", "checkout", "--", "params.yaml"], repo, env)  # the workspace experiment changed it
 
 
+def test_a_temporary_experiment_keeps_its_artifacts_in_a_new_user_store(repo, tmp_path):
+    """Issue 14.3: `dvc exp run --temp` (a temporary copy, as queued experiments use) against a new store named by
+    MLFLOW_TRACKING_URI: the experiment's artifact location is beside the store, and every artifact is still there
+    after DVC deleted the copy."""
+    from mlflow.tracking import MlflowClient
+
+    repo, env, _ = repo
+    uri = f"sqlite:///{tmp_path / 'shared' / 'team.db'}"
+    # A learning rate no other test uses, so DVC's run cache cannot restore the arm instead of training it.
+    _dvc("exp", "run", "--temp", "-S", "train.precisions=[fp32]", "-S", "train.lr=0.0021", repo=repo,
+         env={**env, "MLFLOW_TRACKING_URI": uri})
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(TINY["mlflow"]["experiment"])
+    assert exp.artifact_location == (tmp_path / "shared" / "mlartifacts").as_uri()
+    runs = client.search_runs([exp.experiment_id])
+    assert {r.info.run_name for r in runs} >= {"fp32-seed0"}
+    for r in runs:
+        folder = Path(r.info.artifact_uri.removeprefix("file://"))
+        assert folder.is_dir() and any(folder.rglob("*")), f"{r.info.run_name}: artifacts gone from {folder}"
+
+
 def _readme_command(prefix: str) -> str:
     """The first command line starting with ``prefix`` in README.md, else in docs/*.md (by name), continuation lines
     joined: the commands the README and the docs pages show, as written."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ARM_RUNS, ROOT, clean_env, make_project_repo, prepare_in_process, run_ok
+from conftest import ARM_RUNS, ROOT, clean_env, make_project_repo, prepare_in_process, run_ok, train_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +114,7 @@ def test_a_burst_of_signals_ends_the_run_killed(tmp_path, setup, sig):
     [run] = _runs(env["MLFLOW_TRACKING_URI"])
     assert run.info.status == "KILLED" and run.data.tags["ampbench.ended_by"] == sig.name
     assert not _temporaries(tmp_path)
-    again = run_ok([sys.executable, str(ROOT / "pipeline" / "train.py"), *args(params, "cut")], tmp_path, env)
+    again = train_in_process(args(params, "cut"), env["MLFLOW_TRACKING_URI"])
     assert "resuming after epoch" in again
     assert [r.info.status for r in _runs(env["MLFLOW_TRACKING_URI"])] == ["FINISHED"]
 
@@ -136,7 +136,7 @@ def test_kill_9_leaves_no_run_running_for_good(tmp_path, setup):
     assert sorted(r.info.status for r in _runs(uri)) == ["RUNNING", "RUNNING"]
 
     other = make(lr=0.02)  # other params: the dead run's checkpoint is not resumed, training starts over
-    run_ok([sys.executable, str(ROOT / "pipeline" / "train.py"), *args(other, "dead")], tmp_path, env)
+    train_in_process(args(other, "dead"), uri)
     runs = {r.data.tags["ampbench.pid"]: r for r in _runs(uri)}
     dead = runs[str(procs["dead"].pid)]
     assert dead.info.status == "KILLED"
@@ -339,28 +339,6 @@ def test_disk_full_while_creating_the_store(tmp_path, setup, small_fs):
     assert torch.load(tmp_path / "y" / "fp32" / "seed0.pt", weights_only=True)["epoch"] == 4
 
 
-def test_a_temporary_experiment_keeps_its_artifacts_in_a_new_user_store(tmp_path, tiny_params):
-    """Issue 14.3: `dvc exp run --temp` (a temporary copy, as queued experiments use) against a new store named by
-    MLFLOW_TRACKING_URI: the experiment's artifact location is beside the store, and every artifact is still there
-    after DVC deleted the copy."""
-    from mlflow.tracking import MlflowClient
-
-    tiny_params["train"].update({"precisions": ["fp32", "bf16"]})
-    tiny_params["mlflow"]["log_model"] = False
-    repo, env = make_project_repo(tmp_path / "project", tiny_params)
-    uri = f"sqlite:///{tmp_path / 'shared' / 'team.db'}"
-    env["MLFLOW_TRACKING_URI"] = uri
-    run_ok([sys.executable, "-m", "dvc", "exp", "run", "--temp"], repo, env)
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("ampbench-tests")
-    assert exp.artifact_location == (tmp_path / "shared" / "mlartifacts").as_uri()
-    runs = client.search_runs([exp.experiment_id])
-    assert {r.info.run_name for r in runs} >= {"fp32-seed0", "bf16-seed0"}
-    for r in runs:
-        folder = Path(r.info.artifact_uri.removeprefix("file://"))
-        assert folder.is_dir() and any(folder.rglob("*")), f"{r.info.run_name}: artifacts gone from {folder}"
-
-
 _EVALUATE_DRIVER = """
 import os, runpy, signal, sys
 sys.path[:0] = [{src!r}, {pipeline!r}]
@@ -380,7 +358,7 @@ def test_signal_while_evaluate_writes_reports_leaves_the_old_set(tmp_path, setup
     are the previous run's, every one of them (never half old, half new); the next run replaces them all."""
     make, params, args = setup
     env = clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    run_ok([sys.executable, str(ROOT / "pipeline" / "train.py"), *args(params, "m")], tmp_path, env)
+    train_in_process(args(params, "m"), env["MLFLOW_TRACKING_URI"])
     reports = tmp_path / "reports"
     evaluate = ["--params", str(params), "--data", str(tmp_path / "prepared"), "--models", str(tmp_path / "m"),
                 "--reports", str(reports)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ARM_RUNS, ROOT, clean_env, prepare_in_process, run_ok, stage_command
+from conftest import ARM_RUNS, ROOT, clean_env, prepare_in_process, run_ok, stage_command, train_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_sigterm_mid_training_then_resume(tmp_path, params):
     env = clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
     params = params(epochs=5, seeds=[0], precisions=["fp32"])
     data = _prepare(tmp_path, params)
-    run_ok(_train_cmd(params, data, tmp_path / "whole", tmp_path / "rw"), tmp_path, env)
+    train_in_process(_train_cmd(params, data, tmp_path / "whole", tmp_path / "rw")[2:], env["MLFLOW_TRACKING_URI"])
 
     resume = tmp_path / "rc"
     driver = _SIGTERM_AFTER_EPOCH.format(src=str(ROOT / "src"), pipeline=str(ROOT / "pipeline"), after=3,
