@@ -45,8 +45,8 @@ ui: $(VENV)/.installed  ## open the MLflow UI (127.0.0.1) on the pipeline's stor
 team-server: $(VENV)/.installed  ## PostgreSQL-backed MLflow server on 127.0.0.1:5001 (docs/operations.md, team mode)
 	bash scripts/team_server.sh start
 
-lock:  ## refresh requirements.lock from the current venv (the docs tools of requirements-docs.lock left out)
-	sed -n 's/^\([^#][^=]*==\).*/\1/p' requirements-docs.lock > $(VENV)/.docs-names
+lock:  ## refresh requirements.lock from the current venv (leaving out requirements-docs.lock's and requirements-ci.lock's)
+	cat requirements-docs.lock requirements-ci.lock | sed -n 's/^\([^#][^=]*==\).*/\1/p' > $(VENV)/.docs-names
 	(echo "# Exact versions for a reproducible run (Python 3.11, x86_64 Linux). Regenerate: make lock"; \
 	 $(BIN)/python -m pip freeze --exclude-editable | grep -v '^ampbench' | grep -vF -f $(VENV)/.docs-names) \
 	 > requirements.lock

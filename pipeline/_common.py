@@ -29,13 +29,14 @@ def project_root() -> Path:
     return Path(os.environ.get("DVC_ROOT") or CHECKOUT).resolve()
 
 
-def code_version(model_code: str) -> str:
-    """Hash of the library's source and of train.model_code (file or folder, relative to the checkout as in
-    dvc.yaml): a checkpoint written by other code is not resumed."""
+def code_version(*user_code: str) -> str:
+    """Hash of the library's source and of the user code (train.model_code, train.task_code: files or folders,
+    relative to the checkout as in dvc.yaml): a checkpoint written by other code is not resumed."""
     import hashlib
 
-    code = CHECKOUT / model_code  # an absolute model_code stays absolute
-    files = [*(CHECKOUT / "src" / "ampbench").rglob("*.py"), *([code] if code.is_file() else code.rglob("*"))]
+    files = [*(CHECKOUT / "src" / "ampbench").rglob("*.py")]
+    for code in (CHECKOUT / c for c in user_code):  # an absolute path stays absolute
+        files += [code] if code.is_file() else code.rglob("*")
     h = hashlib.sha256()
     for path in sorted(p for p in files if p.is_file() and "__pycache__" not in p.parts):
         h.update(path.read_bytes())

@@ -21,15 +21,13 @@ from _common import CHECKOUT, debug_option, folder_option, layout, params_option
 @stage
 def main(params, raw_dir: Path, out_dir: Path) -> None:
     """Prepare the data set named by prepare.dataset."""
-    from ampbench.data import prepare, save_prepared
+    from ampbench.data import describe, prepare, save_prepared
     from ampbench.datasets import require_tracked_dataset
 
     require_tracked_dataset(params.prepare, CHECKOUT)
     data = prepare(params.prepare, raw_dir or Path(params.prepare.raw_dir))
     save_prepared(data, out_dir)
-    m = data.meta
-    click.echo(f"prepared {m['dataset']} from {m['source']}: input {tuple(m['input_shape'])} "
-               f"{m['stored_dtype']}, {len(m['classes'])} classes, splits {m['sizes']} → {out_dir}")
+    click.echo(f"prepared {describe(data.meta)} → {out_dir}")
 
 
 if __name__ == "__main__":

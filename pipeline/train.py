@@ -46,17 +46,20 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
     from ampbench.distributed import launched_by_torchrun
     from ampbench.errors import ParamsError
     from ampbench.model_factory import ModelSpec, require_tracked
+    from ampbench.tasks import require_tracked as require_tracked_task
     from ampbench.train_stage import train_arm
 
     if precision not in params.train.precisions:
         raise ParamsError(f"--precision {precision!r} is not in train.precisions {params.train.precisions}")
     require_tracked(ModelSpec.from_train(params.train), params.train.model_code, CHECKOUT)
+    require_tracked_task(params.train.task, params.train.task_code, CHECKOUT)
     if params.train.nproc_per_node > 1 and not launched_by_torchrun():
         relaunch_under_torchrun(params.train.nproc_per_node)  # does not return
     if params.train.deterministic:
         deterministic_cublas()
+    code = code_version(params.train.model_code, params.train.task_code)
     train_arm(precision, params, data_dir, out_dir or layout.MODELS / precision, project_root(), run_tags(),
-              resume_dir=resume_dir or layout.RESUME / precision, code_version=code_version(params.train.model_code))
+              resume_dir=resume_dir or layout.RESUME / precision, code_version=code)
 
 
 if __name__ == "__main__":

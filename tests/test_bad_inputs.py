@@ -65,6 +65,17 @@ PARAM_CASES = [
     ("confidence-one", "evaluate", {"evaluate.confidence": 1.0}, "evaluate.confidence:"),
     ("experiment-empty", "train", {"mlflow.experiment": ""}, "mlflow.experiment:"),
     ("deterministic-word", "train", {"train.deterministic": "maybe"}, "train.deterministic:"),
+    ("task-unknown", "train", {"train.task": "regression"}, "train.task: 'regression' is none of"),
+    ("language-model-on-images", "train", {"train.task": "language_model", "train.model": "gpt"},
+     "prepare.dataset: 'digits' is image data; train.task: language_model trains on text"),
+    ("language-model-with-an-image-model", "train", {"train.task": "language_model", "prepare.dataset": "text"},
+     "train.model: 'small_cnn' is an image classifier"),
+    ("image-option-on-text", "train", {"train.task": "language_model", "prepare.dataset": "text",
+                                       "train.model": "gpt", "train.augment": "crop_flip"},
+     "train.augment: only means something for images"),
+    ("text-for-classification", "prepare", {"prepare.dataset": "text"}, "prepare.dataset: text is for train.task"),
+    ("text-option-on-images", "train", {"train.block_size": 32}, "train.block_size: only means something for"),
+    ("gpt-for-classification", "evaluate", {"train.model": "gpt"}, "train.model: gpt is a language model"),
 ]
 
 

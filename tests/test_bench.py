@@ -125,3 +125,14 @@ def test_the_gpu_check_dry_run_on_cpu(tmp_path):
     assert (out / "versions.txt").read_text().startswith("torch ")
     pytest_log = (out / "gpu_pytest.txt").read_text()  # collected on the simulated machine; all skip without CUDA
     assert " skipped" in pytest_log and "error" not in pytest_log.lower()
+
+
+def test_bench_times_a_language_model(tmp_path):
+    """`ampbench bench --task language_model`: random byte sequences through the built-in gpt, both loops."""
+    out = tmp_path / "lm.json"
+    assert main(["--task", "language_model", "--block-size", "16", "--width", "16", "--steps", "4", "--rounds", "1",
+                 "--window", "2", "--warmup-steps", "1", "--batch-size", "8", "--arms", "fp32,bf16", "--no-mlflow",
+                 "--device", "cpu", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["config"]["model"] == "gpt" and r["loop_overhead"]["fp32"]["windows"] == [1, 1]
+    assert r["arms"]["fp32"]["low_precision_flop_share"] == 0.0 and r["arms"]["bf16"]["low_precision_flop_share"] == 1.0

@@ -218,6 +218,32 @@ def test_a_temporary_experiment_keeps_its_artifacts_in_a_new_user_store(repo, tm
         assert folder.is_dir() and any(folder.rglob("*")), f"{r.info.run_name}: artifacts gone from {folder}"
 
 
+FORTUNES = Path("/usr/share/games/fortunes")
+
+
+@pytest.mark.skipif(not FORTUNES.is_dir() and not os.environ.get("AMPBENCH_REQUIRE_FORTUNES"),
+                    reason="Debian's fortunes is not installed (CI installs it)")
+def test_a_language_model_on_debians_fortunes_text(repo):
+    """docs/language-models.md's command on the real text, sized for CI (a tiny gpt, one short pass, every CPU
+    arm): the verdicts are the loss's, per token, in `dvc exp show` and on the experiment's MLflow parent run."""
+    import re
+
+    repo, env, _ = repo
+    out = _dvc("exp", "run", "--temp", "-S", "train.task=language_model", "-S", "prepare.dataset=text",
+               "-S", f"prepare.raw_dir={FORTUNES}", "-S", "train.model=gpt", "-S", "prepare.max_train=20001",
+               "-S", "prepare.max_test=4001", "-S", "prepare.val_fraction=0.01", "-S", "train.width=16",
+               "-S", "++train.model_args={depth: 1, heads: 2}", "-S", "train.block_size=32", repo=repo, env=env)
+    assert "Running stage 'train@fp16'" in out and "Running stage 'evaluate'" in out
+    name = re.search(r"Ran experiment\(s\): (\S+)", out).group(1)
+    runs = [r for r in _runs(repo) if r.data.tags.get("dvc.exp_name") == name]
+    (parent,) = [r for r in runs if r.data.tags["ampbench.role"] == "execution"]
+    assert {r.info.run_name for r in runs if r is not parent} == {"fp32-seed0", "fp16-seed0", "bf16-seed0"}
+    assert parent.data.tags["verdict.tf32"] == "skipped" and parent.data.tags["verdict.bf16"] != "skipped"
+    assert 1 < parent.data.metrics["fp32.perplexity"] < 256  # below a uniform guess over the bytes
+    shown = _dvc("exp", "show", "--json", repo=repo, env=env)
+    assert '"delta_loss_ci_low"' in shown and '"perplexity"' in shown
+
+
 def _readme_command(prefix: str) -> str:
     """The first command line starting with ``prefix`` in README.md, else in docs/*.md (by name), continuation lines
     joined: the commands the README and the docs pages show, as written."""

@@ -13,7 +13,8 @@ from ampbench.models import build_builtin
 from ampbench.params import TrainParams
 from ampbench.precision import resolve_policy
 from ampbench.splits import Norm, Split
-from ampbench.training import LoopConfig, fit, init_state, predict
+from ampbench.task import predict
+from ampbench.training import LoopConfig, fit, init_state
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

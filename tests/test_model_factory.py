@@ -47,7 +47,8 @@ def test_the_dry_run_leaves_random_state_alone():
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("vgg", "'vgg' is none of: small_cnn | resnet18 | mlp | vit_tiny | torchvision.<name> | package.module:callable"),
+    ("vgg", "'vgg' is none of: small_cnn | resnet18 | mlp | vit_tiny | gpt | torchvision.<name> | "
+            "package.module:callable"),
     ("torchvision.resnet1", "torchvision has no classification model 'resnet1' (closest: torchvision.resnet18"),
     ("torchvision.fasterrcnn_resnet50_fpn", "torchvision has no classification model"),  # detection: not a classifier
 ])

@@ -9,7 +9,8 @@ from ampbench.monitor import Diverged
 from ampbench.params import DivergenceParams, GradScalerParams, TrainParams
 from ampbench.precision import resolve_policy
 from ampbench.splits import Split
-from ampbench.training import LoopConfig, fit, init_state, predict
+from ampbench.task import predict
+from ampbench.training import LoopConfig, fit, init_state
 
 CPU = torch.device("cpu")
 

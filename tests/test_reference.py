@@ -9,7 +9,8 @@ from ampbench.metrics import arm_seed_metrics
 from ampbench.models import build_builtin
 from ampbench.params import PrepareParams, TrainParams
 from ampbench.precision import resolve_policy
-from ampbench.training import LoopConfig, fit, init_state, predict
+from ampbench.task import predict
+from ampbench.training import LoopConfig, fit, init_state
 
 CPU = torch.device("cpu")
 

@@ -112,6 +112,7 @@ def test_an_arm_with_a_non_finite_loss_is_reported_invalid_not_a_crash(tmp_path)
     from ampbench.metrics import summarise_seeds
     from ampbench.report import markdown_report
     from ampbench.stats import Margins, SeedNoise
+    from ampbench.task import CLASSIFICATION
 
     def seed_metrics(delta_loss: float) -> dict[str, float]:
         return {"test_accuracy": 0.9, "test_loss": 0.3 + delta_loss, "delta_accuracy_vs_fp32": 0.0,
@@ -121,14 +122,15 @@ def test_an_arm_with_a_non_finite_loss_is_reported_invalid_not_a_crash(tmp_path)
     train = {"samples_per_s": 100.0, "peak_memory_mb": 10.0, "skipped_steps": 0, "policy": {}}
     noise, margins = SeedNoise(0.001, 0.01, 0.01, 100), Margins(0.005, 0.02, "set", "set")
     correct = np.ones((3, 100), dtype=bool)
-    ref = Outcomes(correct, np.full((3, 100), 0.3), True)
+    ref = Outcomes({"correct": correct, "loss": np.full((3, 100), 0.3)}, True)
     reports = []
     for arm, losses in (("fp32", [0.0, 0.0, 0.0]), ("fp16_pure", [0.01, math.nan, 0.02])):
         per_seed = {s: seed_metrics(d) for s, d in enumerate(losses)}
         report = ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed, train=train)
         loss = np.stack([np.full(100, 0.3 + d) for d in losses])
-        report.stats = paired_statistics(per_seed, Outcomes(correct, loss, math.isfinite(sum(losses))), ref,
-                                         margins, noise, 0.95)
+        report.stats = paired_statistics(per_seed, Outcomes({"correct": correct, "loss": loss},
+                                                            math.isfinite(sum(losses))), ref, margins, noise, 0.95,
+                                         CLASSIFICATION)
         reports.append(report)
     comparison, speed, details = tables(reports, noise, margins)
     assert comparison["fp16_pure"]["loss_verdict"] == "invalid"

@@ -56,15 +56,19 @@ class ActivationProbe:
         self.maxima = torch.zeros(n, device=device, dtype=torch.float64)
         self.samples = 0
         self._bad_fwd = torch.zeros(n, device=device, dtype=torch.bool)
+        self._bad_in = torch.zeros(n, device=device, dtype=torch.bool)  # a non-finite input reached the module
         self._bad_bwd = torch.zeros(n, device=device, dtype=torch.bool)
+        index = {name: i for i, name in enumerate(self.names)}
+        self._parent = [None if name == ROOT else index[name.rpartition(".")[0] or ROOT] for name in self.names]
         self._fwd_order: list[int] = []
         self._bwd_order: list[int] = []
-        self._seen: dict[int, weakref.ref] = {}
+        self._seen: dict[int, tuple[weakref.ref, int]] = {}  # output tensor → the module that gave it
         self._consumer: dict[int, tuple[weakref.ref, int]] = {}  # input tensor → the innermost module taking it
 
     @torch.no_grad()
-    def _record(self, i: int, output: Any) -> None:
-        tensors = [t for t in _float_tensors(output) if not self._seen_this_step(t)]
+    def _record(self, i: int, args: tuple, output: Any) -> None:
+        self._check_inputs(i, args)
+        tensors = [t for t in _float_tensors(output) if self._seen_this_step(t, i) is None]
         if not tensors:
             return
         self._fwd_order.append(i)
@@ -100,14 +104,27 @@ class ActivationProbe:
                 key = id(t)
                 t.register_hook(lambda g, key=key: self._grad(self._consumer[key][1], g))
 
-    def _seen_this_step(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` was already recorded this step (a container returns its last child's output): a weak
-        reference, so no activation lives longer than training keeps it."""
-        ref = self._seen.get(id(t))
-        if ref is not None and ref() is t:
-            return True
-        self._seen[id(t)] = weakref.ref(t)
-        return False
+    def _seen_this_step(self, t: torch.Tensor, i: int | None = None) -> int | None:
+        """The module that already output ``t`` this step (a container returns its last child's output), else
+        None, and ``t`` is now module ``i``'s: a weak reference, so no activation lives longer than training
+        keeps it."""
+        known = self._seen.get(id(t))
+        if known is not None and known[0]() is t:
+            return known[1]
+        if i is not None:
+            self._seen[id(t)] = (weakref.ref(t), i)
+        return None
+
+    def _check_inputs(self, i: int, args: tuple) -> None:
+        """Whether module ``i`` got a non-finite input: known for an earlier module's output, measured (one pass)
+        for what the parent's own code computed (e.g. attention scores between two Linear layers)."""
+        for t in _float_tensors(args):
+            j = self._seen_this_step(t)
+            if j is not None:
+                self._bad_in[i] |= self._bad_fwd[j]
+            elif t.numel():
+                lo, hi = torch.aminmax(t.detach())
+                self._bad_in[i] |= ~(torch.isfinite(lo) & torch.isfinite(hi))
 
     @torch.no_grad()
     def _grad(self, i: int, grad: torch.Tensor) -> None:
@@ -121,6 +138,7 @@ class ActivationProbe:
         """Hooks on every module for one step: outputs, and with ``backward`` the input gradients too (a pass
         over every gradient: training's sampled steps leave it to a replay of a bad step)."""
         self._bad_fwd.zero_()
+        self._bad_in.zero_()
         self._bad_bwd.zero_()
         self._fwd_order, self._bwd_order, self._seen, self._consumer = [], [], {}, {}
         handles = []
@@ -128,7 +146,7 @@ class ActivationProbe:
             if backward:
                 handles.append(m.register_forward_pre_hook(lambda mod, args, kw, i=i: self._inputs(i, args, kw),
                                                            with_kwargs=True))
-            handles.append(m.register_forward_hook(lambda mod, args, out, i=i: self._record(i, out)))
+            handles.append(m.register_forward_hook(lambda mod, args, out, i=i: self._record(i, args, out)))
         try:
             yield
         finally:
@@ -141,13 +159,19 @@ class ActivationProbe:
         """(phase, module index) of the last attached step's first non-finite module: outputs in forward order
         (hooks fire as modules finish, so a module that made it non-finite itself comes before its containers),
         then input gradients in backward order (the module whose backward made them), then weight gradients;
-        None if everything was finite."""
+        None if everything was finite. A first non-finite output from a non-finite input was made by the code of
+        a containing module between its children: the innermost container whose own inputs were finite."""
         for phase, order, bad in (("forward", self._fwd_order, self._bad_fwd),
                                   ("backward", self._bwd_order, self._bad_bwd)):
             if order:
                 flags = bad[torch.tensor(order, device=bad.device)].cpu().tolist()
                 if any(flags):
-                    return phase, order[flags.index(True)]
+                    i = order[flags.index(True)]
+                    if phase == "forward":
+                        bad_in = self._bad_in.cpu().tolist()
+                        while bad_in[i] and self._parent[i] is not None:
+                            i = self._parent[i]
+                    return phase, i
         # Finite outputs and output gradients can still give a non-finite weight gradient (its matmul overflows):
         # the last module in registration order, i.e. the first backward reaches, holding one.
         modules = [m for _, m in self.model.named_modules()]

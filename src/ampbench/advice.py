@@ -16,12 +16,15 @@ INPUT_BOUND_SHARE = 0.2  # an arm that waits for batches this share of its train
 NO_EFFECT_SHARE = 0.05  # an autocast arm with less of its matmul/conv/attention FLOPs in 16 bits did not use them
 
 
-def _why_not(arm: str, c: dict[str, Any]) -> str | None:
-    """Why ``arm`` cannot be recommended (None: it can, speed aside)."""
+def _why_not(arm: str, c: dict[str, Any], task=None) -> str | None:
+    """Why ``arm`` cannot be recommended (None: it can, speed aside): both verdicts must be equivalent, the
+    deciding one first, under the task's names for them."""
     if c["status"] != "ok":
         return f"{arm}: {c['status']}"
-    why = [f"{what} {c[key]}" for what, key in (("accuracy", "verdict"), ("loss", "loss_verdict"))
-           if c[key] != "equivalent"]
+    acc, loss = getattr(task, "accuracy_label", "accuracy"), getattr(task, "loss_label", "loss")
+    checks = (((loss, "verdict"), (acc, "accuracy_verdict")) if getattr(task, "deciding", "accuracy") == "loss"
+              else ((acc, "verdict"), (loss, "loss_verdict")))
+    why = [f"{what} {c[key]}" for what, key in checks if c[key] != "equivalent"]
     steps, skipped = c.get("optimizer_steps") or 0, c.get("skipped_steps") or 0
     if skipped > HEALTHY_SKIP_SHARE * steps:
         why.append(f"its scaler skipped {skipped} of {steps} optimizer steps")
@@ -40,7 +43,7 @@ def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[st
     candidates = {a: c for a, c in merged.items() if a != BASELINE and not c.get("ablation")}
     reasons, fit = [], []
     for arm, c in candidates.items():
-        why = _why_not(arm, c)
+        why = _why_not(arm, c, context.get("task"))
         if why:
             reasons.append(why)
         elif (c.get("speedup_vs_fp32") or 0) < MIN_SPEEDUP:
@@ -59,9 +62,13 @@ def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[st
         vs_tf32 = (f", {c['speedup_vs_tf32']:.2f}× tf32's" if c.get("speedup_vs_tf32") and best != TF32_REFERENCE
                    else "")
         memory = f", {c['memory_vs_fp32']:.2f}× its peak memory" if c.get("memory_vs_fp32") else ""
-        line = (f"**Recommendation: switch to {best}.** Accuracy and loss are equivalent to fp32 "
-                f"(Δaccuracy {c['delta_accuracy_pp']:+.2f} pp [{c['delta_accuracy_pp_ci_low']:+.2f}, "
-                f"{c['delta_accuracy_pp_ci_high']:+.2f}]), the loss scaler stayed healthy, and it runs at "
+        if getattr(context.get("task"), "deciding", "accuracy") == "loss":  # a language model
+            what = (f"Loss per token and next-token accuracy are equivalent to fp32 (Δloss {c['delta_loss']:+.4f} "
+                    f"[{c['delta_loss_ci_low']:+.4f}, {c['delta_loss_ci_high']:+.4f}] nats per token)")
+        else:
+            what = (f"Accuracy and loss are equivalent to fp32 (Δaccuracy {c['delta_accuracy_pp']:+.2f} pp "
+                    f"[{c['delta_accuracy_pp_ci_low']:+.2f}, {c['delta_accuracy_pp_ci_high']:+.2f}])")
+        line = (f"**Recommendation: switch to {best}.** {what}, the loss scaler stayed healthy, and it runs at "
                 f"{c['speedup_vs_fp32']:.2f}× fp32's samples/s{vs_tf32}{memory}. In your own training step:{cpu}")
         return line, adoption_code(get_arm(best), "cuda" if context.get("device_type") != "cpu" else "cpu")
     inconclusive = any(c.get("verdict") == "inconclusive" or c.get("loss_verdict") == "inconclusive"

@@ -23,6 +23,7 @@ from ampbench.model_factory import ModelSpec
 from ampbench.params import Params
 from ampbench.precision import PrecisionPolicy, cudnn_legacy_flags_readable, without_float32
 from ampbench.splits import Prepared
+from ampbench.task import Task
 from ampbench.training import EpochRecord, TrainState
 
 
@@ -40,6 +41,7 @@ class SeedJob:
     resume_path: Path  # .resume/<arm>/seed<N>.pt
     key: str  # resume.resume_key(): what a checkpoint must match to be continued
     model: dict[str, Any]  # model_factory.inspect_model(): name, kind, args, parameters, FLOPs per sample
+    task: Task  # train.task resolved (task.resolve_task)
 
     @property
     def name(self) -> str:
@@ -48,8 +50,12 @@ class SeedJob:
     def model_meta(self) -> dict[str, Any]:
         """What the evaluate stage needs to rebuild the model from a final checkpoint."""
         return {"arm": self.arm, "seed": self.seed, "model": ModelSpec.from_train(self.params.train).to_meta(),
-                "input_shape": list(self.data.input_shape), "num_classes": self.data.num_classes,
-                "policy": self.policy.describe()}
+                "task": self.params.train.task, "contract": self.contract, "policy": self.policy.describe()}
+
+    @property
+    def contract(self) -> dict[str, Any]:
+        """What the model factory gets for this data (``Task.model_args``)."""
+        return self.task.model_args(self.data.meta)
 
 
 class ArmOutputs:

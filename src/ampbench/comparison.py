@@ -5,6 +5,7 @@ the tables the evaluate stage writes — comparison.json (what training determin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +17,7 @@ from ampbench.stats import (
     SeedNoise,
     against_noise,
     differs_from_zero,
-    paired_accuracy,
     paired_ci,
-    paired_mean,
     verdict,
 )
 
@@ -46,50 +45,55 @@ class ArmReport:
 
 @dataclass(frozen=True)
 class Outcomes:
-    """One arm's per-example test outcomes, seeds × examples (the same examples in the same order for every arm)."""
+    """One arm's per-example test outcomes, seeds × examples (the same examples in the same order for every arm):
+    what ``Task.evaluate`` gives per seed (e.g. correct and loss per image, or accuracy and loss per sequence)."""
 
-    correct: np.ndarray  # bool
-    loss: np.ndarray  # cross-entropy, nats
+    arrays: dict[str, np.ndarray]
     finite: bool  # every logit finite
 
     @classmethod
-    def stack(cls, per_seed: dict[int, tuple]) -> Outcomes:
-        """From (correct, loss, finite) per seed, the first two CPU tensors (``metrics.example_outcomes``)."""
+    def stack(cls, per_seed: dict) -> Outcomes:
+        """From the ``task.SeedEvaluation`` of each seed."""
         seeds = sorted(per_seed)
-        return cls(np.stack([per_seed[s][0].numpy() for s in seeds]),
-                   np.stack([per_seed[s][1].numpy() for s in seeds]), all(per_seed[s][2] for s in seeds))
+        keys = per_seed[seeds[0]].outcomes
+        return cls({k: np.stack([per_seed[s].outcomes[k] for s in seeds]) for k in keys},
+                   all(per_seed[s].finite for s in seeds))
 
 
 def paired_statistics(per_seed: dict[int, dict[str, float]], arm: Outcomes, ref: Outcomes, margins: Margins,
-                      noise: SeedNoise, confidence: float) -> dict[str, Any]:
+                      noise: SeedNoise, confidence: float, task) -> dict[str, Any]:
     """Intervals of the paired differences and verdicts for one arm against the baseline of the same seeds.
 
-    Accuracy and loss from the per-example outcomes (stats.paired_accuracy, stats.paired_mean); agreement, KL
-    and ECE from the per-seed values (Student t over seeds, cut to the range each can take).
+    Accuracy and loss from the per-example outcomes (``task.paired``); agreement, KL and ECE from the per-seed
+    values (Student t over seeds, cut to the range each can take). ``verdict`` is the one of the task's deciding
+    metric (``accuracy_verdict`` or ``loss_verdict``); its comparison with fp32's seed noise is ``vs_seed_noise``.
     """
     seeds = sorted(per_seed)
     bounds = {"delta_ece_vs_fp32": (-1, 1), "agreement_vs_fp32": (0, 1), "kl_vs_fp32": (0, None)}
     out: dict[str, Any] = {key: paired_ci([per_seed[s][key] for s in seeds], confidence, bounds[key]).to_dict()
-                           for key in bounds}
+                           for key in bounds if key in per_seed[seeds[0]]}
     finite = arm.finite and ref.finite
-    acc = paired_accuracy(arm.correct, ref.correct, confidence, finite)
-    loss = paired_mean(arm.loss - ref.loss, confidence, finite=finite)
+    acc, loss = task.paired(arm.arrays, ref.arrays, confidence, finite)
     out["delta_accuracy_vs_fp32"], out["delta_loss_vs_fp32"] = acc.to_dict(), loss.to_dict()
-    out["verdict"], out["verdict_reason"] = verdict(acc, margins.accuracy, True, " pp", 100)
+    out["accuracy_verdict"], out["accuracy_verdict_reason"] = verdict(acc, margins.accuracy, True, " pp", 100)
     out["loss_verdict"], out["loss_verdict_reason"] = verdict(loss, margins.loss, False, " nats", digits=4)
-    out["vs_seed_noise"], noise_text = against_noise(acc, noise.accuracy_floor, " pp", 100)
+    out["accuracy_vs_seed_noise"], noise_text = against_noise(acc, noise.accuracy_floor, " pp", 100)
     out["loss_vs_seed_noise"], loss_noise_text = against_noise(loss, noise.loss_sd, " nats", digits=4)
     if acc.finite:
         flips = (f"{acc.fp32_right_arm_wrong} of {acc.pairs} paired predictions right in fp32 only, "
-                 f"{acc.arm_right_fp32_wrong} right in the arm only")
-        out["verdict_reason"] += f" ({flips}; the difference is {noise_text})"
+                 f"{acc.arm_right_fp32_wrong} right in the arm only; " if acc.fp32_right_arm_wrong is not None
+                 else "")
+        out["accuracy_verdict_reason"] += f" ({flips}the difference is {noise_text})"
         out["loss_verdict_reason"] += f" (the difference is {loss_noise_text})"
-    out["differs_from_fp32"] = differs_from_zero(acc)
+    decided = "accuracy" if task.deciding == "accuracy" else "loss"
+    out["verdict"], out["verdict_reason"] = out[f"{decided}_verdict"], out[f"{decided}_verdict_reason"]
+    out["vs_seed_noise"] = out[f"{decided}_vs_seed_noise"]
+    out["differs_from_fp32"] = differs_from_zero(acc if decided == "accuracy" else loss)
     return out
 
 
-def tables(reports: list[ArmReport], noise: SeedNoise,
-           margins: Margins) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def tables(reports: list[ArmReport], noise: SeedNoise, margins: Margins,
+           task=None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(comparison.json, speed.json, details.json) in full; ``shown`` cuts the first two to their DVC columns.
 
     comparison holds what training deterministically produces (verdicts, Δ with CI, agreement, …), so a fresh
@@ -108,7 +112,7 @@ def tables(reports: list[ArmReport], noise: SeedNoise,
                                  "reason": r.skipped_reason}
             details[r.arm] = {**comparison[r.arm], "numerics": r.numerics}
             continue
-        row, timing = comparison_row(r, noise, margins), timing_row(r, base, tf32)
+        row, timing = comparison_row(r, noise, margins, task), timing_row(r, base, tf32)
         comparison[r.arm] = {k: v for k, v in row.items() if v is not None}
         speed[r.arm] = {k: v for k, v in timing.items() if v is not None}
         details[r.arm] = {**row, **timing, "statistics": r.stats, "mean_and_std": r.summary, "per_seed": r.per_seed,
@@ -116,9 +120,10 @@ def tables(reports: list[ArmReport], noise: SeedNoise,
     return comparison, speed, details
 
 
-def comparison_row(r: ArmReport, noise: SeedNoise, margins: Margins) -> dict[str, Any]:
-    """An evaluated arm's deterministic numbers: verdicts, Δ with CI, agreement, KL, ECE, steps, FLOP share; for
-    the baseline its seed noise and the margins in use instead of an interval against itself."""
+def comparison_row(r: ArmReport, noise: SeedNoise, margins: Margins, task=None) -> dict[str, Any]:
+    """An evaluated arm's deterministic numbers: verdicts, Δ with CI, agreement, KL, ECE (classification) or
+    perplexity (language model), steps, FLOP share; for the baseline its seed noise and the margins in use
+    instead of an interval against itself."""
     st, s, t = r.stats, r.summary, r.train
     acc, loss = st["delta_accuracy_vs_fp32"], st["delta_loss_vs_fp32"]
     base = r.arm == BASELINE
@@ -131,9 +136,12 @@ def comparison_row(r: ArmReport, noise: SeedNoise, margins: Margins) -> dict[str
            "delta_loss_ci_low": None if base else _round(loss["ci_low"]),
            "delta_loss_ci_high": None if base else _round(loss["ci_high"]),
            "agreement_vs_fp32": round(s["agreement_vs_fp32"], 6), "kl_vs_fp32": round(s["kl_vs_fp32"], 8),
-           "max_abs_logit_diff_vs_fp32": round(s["max_abs_logit_diff_vs_fp32"], 6), "ece": round(s["test_ece"], 6),
-           "delta_ece": round(s["delta_ece_vs_fp32"], 6), "skipped_steps": t["skipped_steps"],
-           "optimizer_steps": t.get("optimizer_steps")}
+           "max_abs_logit_diff_vs_fp32": round(s["max_abs_logit_diff_vs_fp32"], 6),
+           "ece": _round(s.get("test_ece")), "delta_ece": _round(s.get("delta_ece_vs_fp32")),
+           "skipped_steps": t["skipped_steps"], "optimizer_steps": t.get("optimizer_steps")}
+    if task is not None and task.deciding == "loss":  # a language model: the loss verdict decides
+        row["accuracy_verdict"] = "baseline" if base else st["accuracy_verdict"]
+        row["perplexity"] = round(math.exp(s["test_loss"]), 4) if math.isfinite(s["test_loss"]) else None
     flops = r.numerics.get("flops")
     if flops:  # counted, so deterministic: it belongs with the comparison, not the timings
         row["low_precision_flop_share"] = round(flops["low_precision_share"], 6)
@@ -187,15 +195,22 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 # four main arms) that answer "may I switch?"; every other number is in details.json and the MLflow parent run.
 SHOWN = ("verdict", "test_accuracy", "delta_accuracy_pp", "delta_accuracy_pp_ci_low", "delta_accuracy_pp_ci_high")
 SHOWN_BASELINE = ("verdict", "test_accuracy", "margin_accuracy_pp")
+# A language model's verdict is its loss's: nats per token, and the perplexity they mean.
+SHOWN_LOSS = ("verdict", "test_loss", "delta_loss", "delta_loss_ci_low", "delta_loss_ci_high")
+SHOWN_LOSS_BASELINE = ("verdict", "test_loss", "perplexity", "margin_loss")
 SPEED_SHOWN = ("speedup_vs_fp32", "memory_vs_fp32")
 
 
-def shown(comparison: dict[str, Any], speed: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def shown(comparison: dict[str, Any], speed: dict[str, Any], task=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The slim comparison.json and speed.json: the columns above, plus skipped optimizer steps where the scaler
     skipped any; fp32's own throughput instead of ratios to itself."""
+    by_loss = task is not None and task.deciding == "loss"
     slim, fast = {}, {}
     for arm, row in comparison.items():
-        keys = SHOWN_BASELINE if arm == BASELINE else SHOWN
+        if arm == BASELINE:
+            keys = SHOWN_LOSS_BASELINE if by_loss else SHOWN_BASELINE
+        else:
+            keys = SHOWN_LOSS if by_loss else SHOWN
         slim[arm] = {k: row[k] for k in keys if row.get(k) is not None}
         if row.get("skipped_steps"):
             slim[arm]["skipped_steps"] = row["skipped_steps"]

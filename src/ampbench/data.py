@@ -20,6 +20,7 @@ from ampbench.errors import DataError
 from ampbench.fileio import atomic_torch_save, atomic_write_text
 from ampbench.readers import load_raw
 from ampbench.splits import Norm, Prepared, Split
+from ampbench.text import VOCAB_SIZE, read_tokens, split_by_position
 
 if TYPE_CHECKING:  # params needs pydantic; the bench must run where only torch is installed
     from ampbench.params import PrepareParams
@@ -85,7 +86,10 @@ def _split(raw: Raw, p: PrepareParams) -> dict[str, tuple[torch.Tensor, torch.Te
 
 def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
     """Load the configured data set, split it with ``p.seed``, compute the normalisation from the training split
-    only (nothing leaks from val/test). Images keep their stored dtype (uint8 stays uint8)."""
+    only (nothing leaks from val/test). Images keep their stored dtype (uint8 stays uint8). Text
+    (``prepare.dataset: text``) becomes byte tokens split by position (``prepare_text``)."""
+    if p.dataset == "text":
+        return prepare_text(p, raw_dir)
     raw = load_raw(p, raw_dir)
     raw_splits = _split(raw, p)
     if p.max_train is not None:
@@ -119,6 +123,34 @@ def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
 
 
 
+def prepare_text(p: PrepareParams, raw_dir: Path) -> Prepared:
+    """UTF-8 text under ``raw_dir`` as byte tokens (``text.py``), cut by position into train, val and test. Each
+    split holds its token stream twice, as x and as y: one storage (the file holds it once); the language-model
+    task cuts it into sequences of ``train.block_size`` when it trains."""
+    tokens, read = read_tokens(Path(raw_dir))
+    parts = split_by_position(tokens, p.val_fraction, p.test_fraction)
+    if p.max_train is not None:
+        parts["train"] = parts["train"][: p.max_train]
+    if p.max_test is not None:
+        parts["test"] = parts["test"][: p.max_test]
+    splits = {name: Split(t, t) for name, t in parts.items()}
+    meta = {"dataset": p.dataset, "source": str(raw_dir), "kind": "tokens", "tokenizer": "utf-8 bytes",
+            "vocab_size": VOCAB_SIZE, "input_shape": [], "stored_dtype": "uint8", **read,
+            "sizes": {name: len(s) for name, s in splits.items()}, "seed": p.seed, "checksum": checksum(splits)}
+    return Prepared(splits["train"], splits["val"], splits["test"], meta)
+
+
+def describe(meta: dict) -> str:
+    """The prepared data in one line: what, from where, its form and its split sizes."""
+    if meta.get("kind") == "tokens":
+        skipped = meta.get("binary_files_skipped")
+        form = (f"{meta['files']} text file(s) as {meta['tokenizer']} ({meta['vocab_size']} symbols)"
+                + (f", {skipped} binary file(s) skipped" if skipped else "") + ", split by position, tokens")
+    else:
+        form = f"input {tuple(meta['input_shape'])} {meta['stored_dtype']}, {len(meta['classes'])} classes, splits"
+    return f"{meta['dataset']} from {meta['source']}: {form} {meta['sizes']}"
+
+
 def save_prepared(data: Prepared, out_dir: Path) -> None:
     """Write ``{split}.pt`` and ``meta.json`` under out_dir, each atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +168,7 @@ def load_prepared(in_dir: Path) -> Prepared:
         raise DataError(f"{meta_path} not found: run the prepare stage first (dvc repro prepare)")
     try:
         meta = json.loads(meta_path.read_text())
-        norm = Norm(meta["scale"], tuple(meta["mean"]), tuple(meta["std"]))
+        norm = None if meta.get("kind") == "tokens" else Norm(meta["scale"], tuple(meta["mean"]), tuple(meta["std"]))
         splits = {}
         for name in SPLITS:
             blob = torch.load(in_dir / f"{name}.pt", weights_only=True, mmap=True)

@@ -239,7 +239,7 @@ def load_factory(p: PrepareParams) -> Raw:
 
 def require_tracked_dataset(p: PrepareParams, root: Path) -> None:
     """A dataset factory's code must lie in ``prepare.dataset_code`` (a dependency of prepare in dvc.yaml)."""
-    from ampbench.params import dataset_kind
+    from ampbench.validation import dataset_kind
 
     if dataset_kind(p.dataset) == "factory":
         require_tracked(p.dataset, p.dataset_code, root, "prepare.dataset", "prepare.dataset_code",

@@ -31,13 +31,13 @@ from ampbench.fileio import (
     read_json,
 )
 from ampbench.layout import ArmFiles, ReportFiles
-from ampbench.metrics import arm_seed_metrics, example_outcomes, seed_noise, summarise_seeds
-from ampbench.model_factory import ModelSpec, build
+from ampbench.metrics import seed_noise, summarise_seeds
+from ampbench.model_factory import ModelSpec, build_for
 from ampbench.params import Params
 from ampbench.precision import resolve_device, resolve_policy
 from ampbench.splits import Split
 from ampbench.stats import resolve_margins
-from ampbench.training import predict
+from ampbench.tasks import resolve_task
 
 # Fingerprint keys that must match across arms: results from different hardware or software are not compared.
 FINGERPRINT_KEYS = ("device_name", "compute_capability", "cuda_version", "cudnn_version", "torch_version",
@@ -50,7 +50,7 @@ def _load_arm_model(ckpt_path: Path, device: torch.device) -> torch.nn.Module:
     ck = checkpoint.load(ckpt_path)
     try:
         m = ck["meta"]
-        model = build(ModelSpec.from_meta(m["model"]), tuple(m["input_shape"]), m["num_classes"])
+        model = build_for(ModelSpec.from_meta(m["model"]), m["contract"])
         model.load_state_dict(ck["model"])
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # altered: not what train wrote
         raise DataError(f"{ckpt_path}: not a checkpoint the train stage wrote ({type(exc).__name__}: "
@@ -93,37 +93,39 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
 
     tp, ev = params.train, params.evaluate
     device = resolve_device(tp.device)
-    data = load_prepared(data_dir)
+    task = resolve_task(tp.task, tp.block_size)
+    data = task.view(load_prepared(data_dir))
     summaries = {arm: _read_summary(ArmFiles(models_dir / arm).summary, arm, tp.seeds) for arm in tp.precisions}
     if summaries[BASELINE]["skipped"] or summaries[BASELINE].get("diverged"):
         why = summaries[BASELINE]["skipped"] or summaries[BASELINE]["diverged"]
         raise AmpbenchError(f"the {BASELINE} baseline has no result to compare against: {why}")
     check_fingerprints(summaries)
-    reports, outcomes, ref = _predict_arms(params, summaries, data.test, models_dir, device)
-    noise = seed_noise(ref, data.test.y.to(device))
+    reports, outcomes, predictions = _predict_arms(params, task, summaries, data.test, models_dir, device)
+    base = next(r for r in reports if r.arm == BASELINE)
+    noise = seed_noise(base.per_seed, predictions)
     margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
     for r in reports:
         if r.ran:
             r.stats = paired_statistics(r.per_seed, outcomes[r.arm], outcomes[BASELINE], margins, noise,
-                                        ev.confidence)
-    comparison, speed, details = tables(reports, noise, margins)
-    context = _context(params, data.meta, summaries[BASELINE], device, margins, noise)
+                                        ev.confidence, task)
+    comparison, speed, details = tables(reports, noise, margins, task)
+    context = _context(params, task, data.meta, summaries[BASELINE], device, margins, noise)
     merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
     advice = recommendation(merged, context)  # (line, code): into the report, the log and the parent run
     with published_together(reports_dir) as staging:  # all reports replaced at once, or none
-        _write_reports(reports, comparison, speed, details, context, advice, ReportFiles(staging))
+        _write_reports(reports, comparison, speed, details, context, advice, ReportFiles(staging), task)
     log(advice[0].replace("**", ""))
     _log_evaluation(params, project_root, tags, advice[0].replace("**", ""), reports, summaries, comparison, speed,
                     ReportFiles(reports_dir), dvc_md5(data_dir))
     return comparison
 
 
-def _predict_arms(params: Params, summaries: dict[str, dict], test: Split, models_dir: Path,
+def _predict_arms(params: Params, task, summaries: dict[str, dict], test: Split, models_dir: Path,
                   device: torch.device) -> tuple[list[ArmReport], dict[str, Outcomes], dict[int, torch.Tensor]]:
     """Every arm's report (skipped and diverged ones with their reason), its per-example outcomes and the
-    baseline's logits per seed (the reference of every other arm, and fp32's seed noise). The baseline first."""
+    baseline's predictions per seed (for fp32's seed noise). The baseline first."""
     reports: list[ArmReport] = []
-    ref: dict[int, torch.Tensor] = {}
+    predictions: dict[int, torch.Tensor] = {}
     outcomes: dict[str, Outcomes] = {}
     for arm in [BASELINE] + [a for a in params.train.precisions if a != BASELINE]:
         s = summaries[arm]
@@ -132,32 +134,29 @@ def _predict_arms(params: Params, summaries: dict[str, dict], test: Split, model
             reports.append(ArmReport(arm, skipped_reason=reason, status="skipped" if s["skipped"] else "diverged",
                                      ablation=s.get("ablation", False), numerics=_numerics(s)))
             continue
-        report, outcomes[arm] = _evaluate_arm(arm, s, params, test, models_dir / arm, device, ref)
+        report, outcomes[arm] = _evaluate_arm(arm, s, params, task, test, models_dir, device, predictions)
         reports.append(report)
-    return reports, outcomes, ref
+    return reports, outcomes, predictions
 
 
-def _evaluate_arm(arm: str, summary: dict, params: Params, test: Split, folder: Path, device: torch.device,
-                  ref: dict[int, torch.Tensor]) -> tuple[ArmReport, Outcomes]:
-    """One trained arm, every seed: logits in its own precision and, for the same weights, in strict fp32; its
-    metrics against the baseline's logits ``ref`` (which the baseline, evaluated first, fills)."""
+def _evaluate_arm(arm: str, summary: dict, params: Params, task, test: Split, models_dir: Path,
+                  device: torch.device, predictions: dict[int, torch.Tensor]) -> tuple[ArmReport, Outcomes]:
+    """One trained arm, every seed: in its own precision and, its weights as they are, in strict fp32; against the
+    baseline's model of the same seed (``task.evaluate``). The baseline fills ``predictions``."""
     policy, strict = resolve_policy(arm, device, params.train.fp32_modules), resolve_policy(BASELINE, device)
-    files = ArmFiles(folder)
+    files = ArmFiles(models_dir / arm)
     histories = read_json(files.history, _RETRAIN)
     if not isinstance(histories, dict):
         raise DataError(f"{files.history}: not a history the train stage wrote; {_RETRAIN}")
-    test_y, batch = test.y.to(device), params.evaluate.batch_size
+    ev = params.evaluate
     per_seed, examples = {}, {}
     for seed in params.train.seeds:
         model = _load_arm_model(files.checkpoint(seed), device)
-        policy.apply_backend_flags()
-        own = predict(policy.prepare_model(model), test, policy, batch)
-        strict.apply_backend_flags()
-        f32 = predict(model.float(), test, strict, batch)  # every arm's weights are also evaluated in strict fp32
+        ref = model if arm == BASELINE else _load_arm_model(ArmFiles(models_dir / BASELINE).checkpoint(seed), device)
+        result = task.evaluate(model, ref, policy, strict, test, ev.batch_size, ev.calibration_bins)
         if arm == BASELINE:
-            ref[seed] = own
-        per_seed[seed] = arm_seed_metrics(own, f32, ref[seed], test_y, params.evaluate.calibration_bins)
-        examples[seed] = (*example_outcomes(own, test_y), bool(torch.isfinite(own).all()))
+            predictions[seed] = result.predictions
+        per_seed[seed], examples[seed] = result.metrics, result
     train = {k: summary.get(k) for k in ("samples_per_s", "peak_memory_mb", "skipped_steps", "optimizer_steps",
                                          "input_path", "input_wait_share", "policy")}
     report = ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed, train=train,
@@ -166,10 +165,10 @@ def _evaluate_arm(arm: str, summary: dict, params: Params, test: Split, folder: 
     return report, Outcomes.stack(examples)
 
 
-def _context(params: Params, meta: dict, base: dict, device: torch.device, margins, noise) -> dict[str, Any]:
+def _context(params: Params, task, meta: dict, base: dict, device: torch.device, margins, noise) -> dict[str, Any]:
     """What the report says about the run as a whole: data, model, seeds, device, margins, fp32's seed noise."""
     hw = base["hardware"]
-    context = {"dataset": meta["dataset"], "model": base["model"], "seeds": params.train.seeds,
+    context = {"task": task, "dataset": meta["dataset"], "model": base["model"], "seeds": params.train.seeds,
                "epochs": base["epochs"], "device_name": hw["device_name"], "device_type": device.type,
                "margins": margins, "noise": noise, "margin_pp": 100 * margins.accuracy,
                "confidence": params.evaluate.confidence}
@@ -194,11 +193,12 @@ def _numerics(summary: dict) -> dict[str, Any]:
             "activations": summary.get("activations") or []}
 
 
-def _write_reports(reports, comparison, speed, details, context, advice: tuple[str, str], files: ReportFiles) -> None:
+def _write_reports(reports, comparison, speed, details, context, advice: tuple[str, str], files: ReportFiles,
+                   task=None) -> None:
     from ampbench.figures import accuracy_delta_figure, curves_figure, speed_memory_figure
     from ampbench.report import curve_rows, markdown_report
 
-    slim, fast = shown(comparison, speed)
+    slim, fast = shown(comparison, speed, task)
     atomic_write_json(files.comparison, slim)
     atomic_write_json(files.speed, fast)
     atomic_write_json(files.details, details)

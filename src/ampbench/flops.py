@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ampbench.step import forward_backward, side_effect_free
+from ampbench.task import CLASSIFICATION
 
 _KINDS = {  # aten op name → what it computes (the FLOP counter's registry says how many)
     "mm": "matmul", "addmm": "matmul", "bmm": "matmul", "baddbmm": "matmul", "_scaled_mm": "matmul",
@@ -78,12 +79,12 @@ def flop_summary(flops: dict[tuple[str, str], int], samples: int) -> dict[str, A
             "dominant_dtype": max(by_dtype, key=by_dtype.get) if by_dtype else None}
 
 
-def count_step_flops(model: nn.Module, policy, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+def count_step_flops(model: nn.Module, policy, x: torch.Tensor, y: torch.Tensor, task=None) -> dict[str, Any]:
     """FLOPs of one training step's forward and backward on ``x`` (as ``flop_summary``), counted on ``model``
     without changing its training (``side_effect_free``); the optimizer's own arithmetic is not counted."""
     counter = DtypeFlopCounter()
     with side_effect_free(model):
         with counter:
-            forward_backward(model, policy, x, y)
+            forward_backward(model, policy, x, y, task=task or CLASSIFICATION)
         model.zero_grad(set_to_none=True)
     return flop_summary(counter.flops, len(x))

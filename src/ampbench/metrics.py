@@ -73,20 +73,22 @@ def arm_seed_metrics(own: torch.Tensor, fp32eval: torch.Tensor, ref: torch.Tenso
     }
 
 
-def seed_noise(ref_logits: dict[int, torch.Tensor], y: torch.Tensor) -> SeedNoise:
-    """fp32's seed-to-seed variation on the test split, from its logits per seed."""
+def seed_noise(per_seed: dict[int, dict[str, float]], predictions: dict[int, torch.Tensor]) -> SeedNoise:
+    """fp32's seed-to-seed variation on the test split, from its metrics and its predictions (classes, or next
+    tokens) per seed."""
     from itertools import combinations
 
     from ampbench.stats import SeedNoise
 
-    metrics = [classification_metrics(ref_logits[s], y) for s in sorted(ref_logits)]
-    if len(metrics) < 2:
-        return SeedNoise(None, None, None, len(y))
-    preds = [ref_logits[s].argmax(dim=1) for s in sorted(ref_logits)]
-    disagreement = statistics.fmean((a != b).float().mean().item() for a, b in combinations(preds, 2))
-    sd = [statistics.stdev(m[k] for m in metrics) if all(math.isfinite(m[k]) for m in metrics) else math.nan
-          for k in ("accuracy", "loss")]
-    return SeedNoise(sd[0], sd[1], disagreement, len(y))
+    seeds = sorted(per_seed)
+    units = predictions[seeds[0]].numel()
+    if len(seeds) < 2:
+        return SeedNoise(None, None, None, units)
+    disagreement = statistics.fmean((predictions[a] != predictions[b]).float().mean().item()
+                                    for a, b in combinations(seeds, 2))
+    sd = [statistics.stdev(per_seed[s][k] for s in seeds) if all(math.isfinite(per_seed[s][k]) for s in seeds)
+          else math.nan for k in ("test_accuracy", "test_loss")]
+    return SeedNoise(sd[0], sd[1], disagreement, units)
 
 
 def summarise_seeds(per_seed: dict[int, dict[str, float]]) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """Turn ``train.model`` into a model: a built-in, any torchvision classifier by name, or the user's own factory.
 
-The three forms (``params.model_kind``):
+The three forms (``validation.model_kind``):
 
 - ``small_cnn`` | ``resnet18`` | ``mlp`` | ``vit_tiny``: the built-ins (models.py), sized by ``train.width``;
 - ``torchvision.<name>``: a classification model of torchvision, built without pretrained weights for the data's
@@ -24,11 +24,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ampbench import user_code
+from ampbench import gpt, user_code
 from ampbench.errors import AmpbenchError
 from ampbench.models import build_builtin
-from ampbench.params import model_kind
 from ampbench.user_code import first_line, import_callable
+from ampbench.validation import model_kind
 
 CPU = torch.device("cpu")
 
@@ -51,7 +51,7 @@ class ModelSpec:
 
     @property
     def kind(self) -> str:
-        """The form of the name: builtin, torchvision or factory (params.model_kind)."""
+        """The form of the name: builtin, torchvision or factory (validation.model_kind)."""
         return model_kind(self.name)
 
     def to_meta(self) -> dict[str, Any]:
@@ -90,33 +90,45 @@ def _adapt_first_conv(model: nn.Module, name: str, channels: int) -> None:
 
 
 def build(spec: ModelSpec, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """The model ``spec`` names, for inputs of ``input_shape`` = (C, H, W) and ``num_classes`` classes."""
-    shape = tuple(input_shape)
-    try:
-        if spec.kind == "builtin":
-            return build_builtin(spec.name, shape, num_classes, spec.width, **spec.args)
-        if spec.kind == "torchvision":
-            import torchvision
+    """The model ``spec`` names for image classification: inputs of ``input_shape`` = (C, H, W), ``num_classes``."""
+    return build_for(spec, {"input_shape": tuple(input_shape), "num_classes": num_classes})
 
-            name = spec.name.removeprefix("torchvision.")
-            model = torchvision.models.get_model(name, weights=None, num_classes=num_classes, **spec.args)
-            if shape[0] != 3:
-                _adapt_first_conv(model, name, shape[0])
-            return model
-        model = _factory(spec.name)(shape, num_classes, **spec.args)
+
+def build_for(spec: ModelSpec, contract: dict[str, Any]) -> nn.Module:
+    """The model ``spec`` names, for the task's ``contract`` (``Task.model_args``: the data's input shape and class
+    count, …): a built-in or torchvision builder gets it by name, a factory positionally, in this order."""
+    try:
+        if spec.kind == "builtin" and spec.name == "gpt":
+            return gpt.build(*contract.values(), spec.width, **spec.args)
+        if spec.kind == "builtin":
+            return build_builtin(spec.name, *contract.values(), spec.width, **spec.args)
+        if spec.kind == "torchvision":
+            return _torchvision(spec, tuple(contract["input_shape"]), contract["num_classes"])
+        model = _factory(spec.name)(*contract.values(), **spec.args)
     except ModelError:
         raise
     except Exception as exc:  # any constructor's error: one line naming the model
-        raise ModelError(f"train.model {spec.name!r} for input {shape}, {num_classes} classes: building it failed "
-                         f"({type(exc).__name__}: {first_line(exc)})") from None
+        given = ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in contract.items())
+        raise ModelError(f"train.model {spec.name!r} for {given}: building it failed ({type(exc).__name__}: "
+                         f"{first_line(exc)})") from None
     if not isinstance(model, nn.Module):
         raise ModelError(f"train.model {spec.name!r} returned a {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
+def _torchvision(spec: ModelSpec, shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    import torchvision
+
+    name = spec.name.removeprefix("torchvision.")
+    model = torchvision.models.get_model(name, weights=None, num_classes=num_classes, **spec.args)
+    if shape[0] != 3:
+        _adapt_first_conv(model, name, shape[0])
+    return model
+
+
 @torch.no_grad()
-def _dry_forward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, num_classes: int) -> None:
-    """Forward ``x`` in training and in eval mode; raise ModelError unless both give (N, num_classes) logits."""
+def _dry_forward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, contract: dict[str, Any], task) -> None:
+    """Forward ``x`` in training and in eval mode; raise ModelError unless both give what ``task`` trains on."""
     where = f"train.model {spec.name!r} on input {tuple(x.shape[1:])}"
     for mode in ("training", "eval"):
         model.train(mode == "training")
@@ -126,21 +138,17 @@ def _dry_forward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, num_classes
             hint = "; train.model_args passes the builder's options" if spec.kind == "torchvision" else ""
             raise ModelError(f"{where}: the forward pass failed in {mode} mode ({type(exc).__name__}: "
                              f"{first_line(exc)}){hint}") from None
-        if not isinstance(out, torch.Tensor):
-            raise ModelError(f"{where}: returns a {type(out).__name__} in {mode} mode; a logits tensor is needed "
-                             "(an auxiliary-output model such as googlenet or inception_v3 needs "
-                             "train.model_args: {aux_logits: false})")
-        if tuple(out.shape) != (len(x), num_classes) or not out.is_floating_point():
-            raise ModelError(f"{where}: returns {out.dtype} of shape {tuple(out.shape)} in {mode} mode; expected "
-                             f"logits of shape ({len(x)}, {num_classes})")
+        wrong = task.output_error(out, x, contract)
+        if wrong:
+            raise ModelError(f"{where}: returns {wrong[0]} in {mode} mode; {wrong[1]}")
 
 
-def _dry_backward(spec: ModelSpec, model: nn.Module, x: torch.Tensor) -> None:
+def _dry_backward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, task) -> None:
     """One backward pass, as training will run it: catches layers whose gradient this device cannot compute, e.g.
     kernels without a deterministic version (AdaptiveAvgPool2d on CUDA) when train.deterministic is on."""
     model.train()
     try:
-        model(x).float().sum().backward()
+        task.logits(model(x)).float().sum().backward()
     except Exception as exc:  # the backward of any layer
         hint = ("; set train.deterministic: false to train this model on this device"
                 if "deterministic" in str(exc) else "")
@@ -159,17 +167,23 @@ def flops_per_sample(model: nn.Module, sample: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
-def inspect_model(spec: ModelSpec, samples: torch.Tensor, num_classes: int,
-                  device: torch.device = CPU) -> dict[str, Any]:
+def inspect_model(spec: ModelSpec, samples: torch.Tensor, contract: dict[str, Any] | int,
+                  device: torch.device = CPU, task=None) -> dict[str, Any]:
     """Build ``spec`` once for these samples (N ≥ 2) on ``device`` and check it before any work: a dry forward in
-    training and eval mode, and one backward (with the caller's determinism settings). Returns its identity:
-    name, kind, width, args, parameter count, FLOPs per sample. The random number generators are left as they
-    were, so training afterwards is unchanged."""
+    training and eval mode, and one backward (with the caller's determinism settings). ``contract``: what the
+    factory gets (``Task.model_args``; a class count stands for image classification on these samples). Returns
+    its identity: name, kind, width, args, parameter count, FLOPs per sample. The random number generators are
+    left as they were, so training afterwards is unchanged."""
+    from ampbench.task import CLASSIFICATION
+
+    task = task or CLASSIFICATION
+    if isinstance(contract, int):
+        contract = {"input_shape": tuple(samples.shape[1:]), "num_classes": contract}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model = build(spec, tuple(samples.shape[1:]), num_classes).to(device)
+        model = build_for(spec, contract).to(device)
         x = samples.to(device)
-        _dry_forward(spec, model, x, num_classes)
-        _dry_backward(spec, model, x)
+        _dry_forward(spec, model, x, contract, task)
+        _dry_backward(spec, model, x, task)
         flops = flops_per_sample(model, x)
     return {"name": spec.name, "kind": spec.kind, "width": spec.width, "args": dict(spec.args),
             "parameters": sum(p.numel() for p in model.parameters()), "flops_per_sample": flops}

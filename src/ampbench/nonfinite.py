@@ -17,6 +17,7 @@ from torch import nn
 from ampbench.activations import ROOT, ActivationProbe
 from ampbench.monitor import Diverged
 from ampbench.step import forward_backward, side_effect_free
+from ampbench.task import CLASSIFICATION, Task
 
 
 @dataclass(frozen=True)
@@ -93,12 +94,13 @@ class NonFiniteFinder:
             self.caught = skipped_in_epoch  # a hunt per new batch of uncaught skips, not per check
 
     def explain(self, exc: Exception, model: nn.Module, policy, x: torch.Tensor | None, y: torch.Tensor | None,
-                loss_multiplier: float, step: int, scale: float, activations: list | None = None):
+                loss_multiplier: float, step: int, scale: float, activations: list | None = None,
+                task: Task = CLASSIFICATION):
         """``exc`` (a monitor.Diverged) again, naming the culprit: the run's first caught, else a replay of
         (``x``, ``y``) at ``scale`` (no batch: no replay; a replay that stays finite is said as such)."""
         culprit = self.run_first
         if culprit is None and x is not None:
-            culprit = replay_first_nonfinite(model, policy, x, y, scale, loss_multiplier, step)
+            culprit = replay_first_nonfinite(model, policy, x, y, scale, loss_multiplier, step, task)
         if culprit is None or culprit.phase == "none":
             return Diverged(f"{exc}" + (f"; {culprit}" if culprit else ""), activations=activations)
         return Diverged(f"{exc}; {culprit}", culprit=culprit.to_dict(), activations=activations)
@@ -119,7 +121,7 @@ def first_nonfinite_weights(model: nn.Module) -> str | None:
 
 
 def replay_first_nonfinite(model: nn.Module, policy, x: torch.Tensor, y: torch.Tensor, scale: float,
-                           loss_multiplier: float, step: int) -> Culprit:
+                           loss_multiplier: float, step: int, task: Task = CLASSIFICATION) -> Culprit:
     """Replay one step's forward and backward (at loss scale ``scale``) with the probe attached and name the first
     module whose output or output gradient was not finite; weights already non-finite are named as such (the
     step that made them so was earlier and not sampled). Training is unaffected (``side_effect_free``)."""
@@ -131,7 +133,7 @@ def replay_first_nonfinite(model: nn.Module, policy, x: torch.Tensor, y: torch.T
         return Culprit(bad_weights, type(module).__name__, "weights", step, scale, "replayed step")
     probe = ActivationProbe(model, device)
     with side_effect_free(model), probe.attached():
-        forward_backward(model, policy, x, y, scale, loss_multiplier)
+        forward_backward(model, policy, x, y, scale, loss_multiplier, task)
     found = probe.culprit()
     if found is None:
         return Culprit("(none: the replay stayed finite)", "-", "none", step, scale, "replayed step")

@@ -10,45 +10,20 @@ bench take them as they are, also on a GPU box without pydantic (annotations are
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from ampbench.arms import ABLATIONS, BASELINE, MAIN, NAMES
 
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "imagefolder", "synthetic")  # or package.module:callable
-MODELS = ("small_cnn", "resnet18", "mlp", "vit_tiny")  # the built-ins; see model_kind for the other forms
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "imagefolder", "synthetic", "text")  # or a factory
+MODELS = ("small_cnn", "resnet18", "mlp", "vit_tiny", "gpt")  # the built-ins; see model_kind for the other forms
+IMAGE_MODELS = MODELS[:4]  # for classification; gpt for the language model
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "cosine")
 STAGES = ("prepare", "train", "evaluate")
 # The stages that read each section unless a key says otherwise (mlflow: where runs are logged).
 SECTION_STAGES = {"prepare": ("prepare",), "train": ("train",), "evaluate": ("evaluate",),
                   "mlflow": ("train", "evaluate")}
-_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")  # package.module:callable
-
-
-def model_kind(name: str) -> str:
-    """The form of ``train.model``: builtin, torchvision (torchvision.<name>) or factory (package.module:callable);
-    ValueError for anything else."""
-    if name in MODELS:
-        return "builtin"
-    if name.startswith("torchvision.") and name.count(".") == 1 and name.removeprefix("torchvision.").isidentifier():
-        return "torchvision"
-    if _FACTORY.match(name):
-        return "factory"
-    raise ValueError(f"{name!r} is none of: {' | '.join(MODELS)} | torchvision.<name> | package.module:callable")
-
-
-def dataset_kind(name: str) -> str:
-    """The form of ``prepare.dataset``: builtin (one of DATASETS) or factory (package.module:callable);
-    ValueError for anything else."""
-    if name in DATASETS:
-        return "builtin"
-    if _FACTORY.match(name):
-        return "factory"
-    raise ValueError(f"{name!r} is none of: {' | '.join(DATASETS)} | package.module:callable")
-
-
 def at_least(bound: float, most: float | None = None):
     """Bounds for one member of a union (``float | Literal["auto"]``, where a knob's ge would also be applied to
     the string) or of a list (each seed)."""
@@ -110,8 +85,8 @@ class PrepareParams(_Section):
 
     dataset: Annotated[str, knob(
         "digits (ships with scikit-learn) | mnist | fashion_mnist | cifar10 (the publishers' files in raw_dir) | "
-        "imagefolder (class folders in raw_dir) | synthetic | package.module:callable (your Datasets; "
-        "docs/your-data.md)")] = "digits"
+        "imagefolder (class folders in raw_dir) | synthetic | text (UTF-8 files in raw_dir, for train.task: "
+        "language_model) | package.module:callable (your Datasets; docs/your-data.md)")] = "digits"
     raw_dir: Annotated[str, knob(
         "where raw data is read from, a dependency of prepare: the idx files / CIFAR tarball, or imagefolder's "
         "class folders (e.g. /usr/share/datasets/fashion-mnist from Debian's dataset-fashion-mnist)",
@@ -177,20 +152,33 @@ class TrainParams(_Section):
         default_factory=lambda: [0, 1, 2])
     device: Annotated[Literal["auto", "cpu", "cuda"], knob("auto (CUDA when present) | cuda | cpu",
                                                            stages=("train", "evaluate"))] = "auto"
+    task: Annotated[str, knob(
+        "what the model learns: classification (images → classes) | language_model (next byte of text; needs "
+        "prepare.dataset: text) | package.module:callable (a callable returning your Task; docs/your-task.md)",
+        stages=("train", "evaluate"), min_length=1)] = "classification"
+    task_code: Annotated[str, knob(
+        "the file or folder with train.task's code, a dependency of the train and evaluate stages: the default for "
+        "the built-in tasks; your Task's module (or package folder) otherwise", stages=("train", "evaluate"),
+        min_length=1)] = "src/ampbench/task.py"
+    block_size: Annotated[int | None, knob(
+        "language_model: tokens per sequence (null: 64); a factory's model gets it as its block_size",
+        stages=("train", "evaluate"), ge=2, le=2**20)] = None
     model: Annotated[str, knob(
-        "small_cnn | resnet18 | mlp | vit_tiny | torchvision.<name> (any torchvision classifier, e.g. "
-        "torchvision.mobilenet_v3_small) | package.module:callable (your factory; docs/your-model.md)",
+        "small_cnn | resnet18 | mlp | vit_tiny | gpt (for language_model) | torchvision.<name> (any torchvision "
+        "classifier, e.g. torchvision.mobilenet_v3_small) | package.module:callable (your factory; "
+        "docs/your-model.md)",
         min_length=1)] = "small_cnn"
     model_args: Annotated[dict[str, Any], knob(
-        "keyword arguments for the model: vit_tiny's patch_size, depth, heads, mlp_ratio; a torchvision "
-        "builder's; your factory's")] = field(default_factory=dict)
+        "keyword arguments for the model: vit_tiny's patch_size, depth, heads, mlp_ratio; gpt's depth, heads, "
+        "dropout; a torchvision builder's; your factory's")] = field(default_factory=dict)
     model_code: Annotated[str, knob(
         "the file or folder with train.model's code, a dependency of the train stages: the default for the "
         "built-ins and torchvision; your factory's module (or package folder) otherwise",
         stages=("train", "evaluate"), min_length=1)] = "src/ampbench/models.py"
     width: Annotated[int | None, knob(
         "built-ins only. small_cnn: channels of the first conv (null: 16); resnet18: of the stem and first stage, "
-        "doubled per stage (null: 64); mlp: hidden units (null: 128); vit_tiny: embedding width (null: 64)",
+        "doubled per stage (null: 64); mlp: hidden units (null: 128); vit_tiny: embedding width (null: 64); gpt: "
+        "embedding width (null: 128)",
         ge=1, le=4096)] = None
     optimizer: Annotated[Literal[OPTIMIZERS], knob("sgd | adam | adamw")] = "adamw"
     lr: Annotated[float, knob("learning rate (the start of the cosine schedule)", gt=0, le=10)] = 0.003

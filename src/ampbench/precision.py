@@ -48,8 +48,8 @@ class PrecisionPolicy:
         return model
 
     def cast_input(self, x: torch.Tensor) -> torch.Tensor:
-        """Inputs in the parameter dtype; a no-op for every arm with float32 weights."""
-        return x.to(self.param_dtype)
+        """Floating inputs in the parameter dtype (a no-op for every arm with float32 weights); token ids stay."""
+        return x.to(self.param_dtype) if x.is_floating_point() else x
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The context for forward pass and loss: autocast in this arm's dtype, or a no-op."""

@@ -65,12 +65,16 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
     lines = ["# ampbench: mixed precision vs strict fp32", "", rec,
              *([""] + ["```python", code, "```"] if code else []), "",
              f"Model {model_line(context['model'])}.", "", _method(context), ""]
-    lines += _table(arms, comparison, context)
+    by_loss = getattr(context.get("task"), "deciding", "accuracy") == "loss"
+    lines += _loss_table(arms, comparison, context) if by_loss else _table(arms, comparison, context)
     lines += ["", "Why each verdict:", ""]
     for a in arms:
         if a.ran and a.arm != BASELINE:
-            lines.append(f"- **{a.arm}**: {a.stats['verdict']}: {a.stats['verdict_reason']}. "
-                         f"Loss: {a.stats['loss_verdict']}: {a.stats['loss_verdict_reason']}.")
+            st = a.stats
+            second = (f"{context['task'].accuracy_label.capitalize()}: {st['accuracy_verdict']}: "
+                      f"{st['accuracy_verdict_reason']}" if by_loss
+                      else f"Loss: {st['loss_verdict']}: {st['loss_verdict_reason']}")
+            lines.append(f"- **{a.arm}**: {st['verdict']}: {st['verdict_reason']}. {second}.")
     lines += _throughput(arms, comparison)
     lines += ["", "What ran per arm (read back from torch):", ""]
     for a in arms:
@@ -95,6 +99,15 @@ def _method(context: dict[str, Any]) -> str:
              f"fp32's own seed-to-seed variation: test accuracy sd {100 * noise.accuracy_sd:.2f} pp, test loss sd "
              f"{noise.loss_sd:.4f} nats; two fp32 seeds disagree on {100 * noise.disagreement:.2f}% of test "
              "predictions")
+    if getattr(context.get("task"), "deciding", "accuracy") == "loss":
+        return (f"Data `{context.get('dataset')}`, device `{context.get('device_name')}`, {len(seeds)} seed(s) "
+                f"{seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same seed on the same "
+                f"test sequences. The {conf}% intervals of Δloss (nats per token) and Δ next-token accuracy use every "
+                "seed's per-sequence paired outcomes (sequences and seeds as clusters; docs/verdict.md). The verdict "
+                f"is the loss's: *equivalent* when its whole interval lies within ±{margins.loss:.3f} nats per token"
+                f"{' (auto)' if margins.loss_rule == 'auto' else ''} (next-token accuracy: {acc_margin}; the ends "
+                "included), *worse*/*better* when wholly outside, *invalid* when a value is not finite, else "
+                f"*inconclusive*. {floor.replace('predictions', 'next-token predictions')}.")
     return (f"Data `{context.get('dataset')}`, device `{context.get('device_name')}`, "
             f"{len(seeds)} seed(s) {seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same "
             f"seed on the same test examples. The {conf}% intervals of Δaccuracy and Δloss use every seed's "
@@ -106,39 +119,64 @@ def _method(context: dict[str, Any]) -> str:
 
 
 def _table(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> list[str]:
-    """The main table: one row per arm."""
+    """The main table of a task whose verdict is its accuracy's (image classification): one row per arm."""
     conf = int(round(100 * context.get("confidence", 0.95)))
-    lines = [
-        f"| arm | verdict | Δaccuracy, pp [{conf}% CI] | right only in fp32 / only in arm | vs fp32 seed noise "
-        "| test accuracy | loss verdict | Δloss [CI] | agreement | KL(fp32‖arm) | ΔECE | speed × fp32 | speed × tf32 "
-        "| memory × fp32 | skipped steps |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+
+    def row(a: ArmReport, c: dict[str, Any]) -> str:
+        base = a.arm == BASELINE
+        delta = "—" if base else _with_ci(c, "delta_accuracy_pp", "+.2f")
+        flips = ("—" if base else
+                 f"{c['fp32_right_arm_wrong']} / {c['arm_right_fp32_wrong']} of {c['paired_examples']}")
+        dloss = f"{c['delta_loss']:+.4f}" if base else _with_ci(c, "delta_loss", "+.4f")
+        return (f"**{c['verdict']}** | {delta} | {flips} | {'—' if base else c['vs_seed_noise']} "
+                f"| {100 * c['test_accuracy']:.2f}% | {c['loss_verdict']} | {dloss} "
+                f"| {100 * c['agreement_vs_fp32']:.2f}% | {c['kl_vs_fp32']:.2e} | {c['delta_ece']:+.4f}")
+
+    return _arm_table(arms, comparison, f"verdict | Δaccuracy, pp [{conf}% CI] | right only in fp32 / only in arm "
+                      "| vs fp32 seed noise | test accuracy | loss verdict | Δloss [CI] | agreement | KL(fp32‖arm) "
+                      "| ΔECE", row)
+
+
+def _loss_table(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> list[str]:
+    """The main table of a task whose verdict is its loss's (a language model: nats per token)."""
+    conf = int(round(100 * context.get("confidence", 0.95)))
+
+    task = context.get("task")
+
+    def row(a: ArmReport, c: dict[str, Any]) -> str:
+        base = a.arm == BASELINE
+        return (f"**{c['verdict']}** | {'—' if base else _with_ci(c, 'delta_loss', '+.4f')} "
+                f"| {'—' if base else c['vs_seed_noise']} | {c['test_loss']:.4f} | {_fmt(c.get('perplexity'), '.3f')} "
+                f"| {100 * c['test_accuracy']:.2f}% | {c['accuracy_verdict']} "
+                f"| {'—' if base else _with_ci(c, 'delta_accuracy_pp', '+.2f')} | {100 * c['agreement_vs_fp32']:.2f}% "
+                f"| {c['kl_vs_fp32']:.2e}")
+
+    return _arm_table(arms, comparison, f"verdict | Δloss, nats/token [{conf}% CI] | vs fp32 seed noise "
+                      f"| {task.loss_label} | perplexity | {task.accuracy_label} | accuracy verdict "
+                      "| Δaccuracy, pp [CI] | agreement | KL(fp32‖arm)", row)
+
+
+def _arm_table(arms: list[ArmReport], comparison: dict[str, dict], columns: str, row) -> list[str]:
+    """A row per arm: ``row(arm, its comparison row)`` gives the task's columns, then speed, memory and skipped
+    steps; a skipped or diverged arm says why."""
+    header = f"| arm | {columns} | speed × fp32 | speed × tf32 | memory × fp32 | skipped steps |"
+    lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
     for a in arms:
         name = f"{a.arm} (ablation)" if a.ablation else a.arm
         if not a.ran:
-            lines.append(f"| {name} | **{a.status}** | {a.skipped_reason} |" + " |" * 12)
+            lines.append(f"| {name} | **{a.status}** | {a.skipped_reason} |" + " |" * (header.count(" | ") - 2))
             continue
         c = comparison[a.arm]
-        if a.arm == BASELINE:
-            delta = flips = noise_label = "—"
-            dloss = f"{c['delta_loss']:+.4f}"
-        else:
-            ci = ("" if c.get("delta_accuracy_pp_ci_low") is None
-                  else f" [{c['delta_accuracy_pp_ci_low']:+.2f}, {c['delta_accuracy_pp_ci_high']:+.2f}]")
-            delta = f"{_fmt(c.get('delta_accuracy_pp'), '+.2f')}{ci}"
-            flips = f"{c['fp32_right_arm_wrong']} / {c['arm_right_fp32_wrong']} of {c['paired_examples']}"
-            noise_label = c["vs_seed_noise"]
-            lci = ("" if c.get("delta_loss_ci_low") is None
-                   else f" [{c['delta_loss_ci_low']:+.4f}, {c['delta_loss_ci_high']:+.4f}]")
-            dloss = f"{_fmt(c.get('delta_loss'), '+.4f')}{lci}"
-        lines.append(
-            f"| {name} | **{c['verdict']}** | {delta} | {flips} | {noise_label} | {100 * c['test_accuracy']:.2f}% "
-            f"| {c['loss_verdict']} | {dloss} | {100 * c['agreement_vs_fp32']:.2f}% | {c['kl_vs_fp32']:.2e} "
-            f"| {c['delta_ece']:+.4f} | {_fmt(c.get('speedup_vs_fp32'), '.2f', '×')} "
-            f"| {_fmt(c.get('speedup_vs_tf32'), '.2f', '×')} | {_fmt(c.get('memory_vs_fp32'), '.2f', '×')} "
-            f"| {c['skipped_steps']} |")
+        lines.append(f"| {name} | {row(a, c)} | {_fmt(c.get('speedup_vs_fp32'), '.2f', '×')} "
+                     f"| {_fmt(c.get('speedup_vs_tf32'), '.2f', '×')} | {_fmt(c.get('memory_vs_fp32'), '.2f', '×')} "
+                     f"| {c['skipped_steps']} |")
     return lines
+
+
+def _with_ci(c: dict[str, Any], key: str, spec: str) -> str:
+    """``c[key]`` with its interval ``[key_ci_low, key_ci_high]`` when there is one."""
+    ci = "" if c.get(f"{key}_ci_low") is None else f" [{c[f'{key}_ci_low']:{spec}}, {c[f'{key}_ci_high']:{spec}}]"
+    return f"{_fmt(c.get(key), spec)}{ci}"
 
 
 def _throughput(arms: list[ArmReport], comparison: dict[str, dict]) -> list[str]:

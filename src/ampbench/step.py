@@ -3,9 +3,9 @@
 ``train_step`` is exactly the seed tutorial's order: forward and loss inside ``policy.autocast()``;
 ``scaler.scale(loss).backward()``; ``scaler.step(optimizer)``; ``scaler.update()``. For arms without a scaler the
 scaler is disabled and passes through, so there is one code path for every precision. ``forward_loss`` is the
-forward half, shared with the non-finite replay and the FLOP count (``forward_backward`` runs it without the
-optimizer and without changing training). The bench's bare loop keeps its own copy on purpose: it is the
-reference the pipeline's loop is timed against.
+forward half (the task says what the logits and the loss are: ``task.py``), shared with the non-finite replay and
+the FLOP count (``forward_backward`` runs it without the optimizer and without changing training). The bench's
+bare loop keeps its own copy on purpose: it is the reference the pipeline's loop is timed against.
 """
 
 from __future__ import annotations
@@ -13,33 +13,32 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ampbench.params import TrainParams
 from ampbench.precision import PrecisionPolicy
+from ampbench.task import CLASSIFICATION, Task
 from ampbench.telemetry import GradProbe
 
 
-def forward_loss(model: nn.Module, policy: PrecisionPolicy, x: torch.Tensor,
-                 y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_loss(model: nn.Module, policy: PrecisionPolicy, x: torch.Tensor, y: torch.Tensor,
+                 task: Task = CLASSIFICATION) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, logits): the forward pass and the loss inside the policy's autocast, both still on the device."""
     with policy.autocast():
-        logits = model(x)
-        # float32 loss for every arm (autocast would keep cross_entropy in float32 anyway; the *_pure arms don't)
-        loss = F.cross_entropy(logits.float(), y)
+        logits = task.logits(model(x))
+        loss = task.loss(logits, y)  # float32 for every arm (the *_pure arms' logits are 16-bit)
     return loss, logits
 
 
 def train_step(model, optimizer, scaler, policy: PrecisionPolicy, x: torch.Tensor, y: torch.Tensor,
-               tp: TrainParams, probe: GradProbe | None = None):
+               tp: TrainParams, probe: GradProbe | None = None, task: Task = CLASSIFICATION):
     """One optimizer step, the tutorial's order. Returns (loss, logits), both still on the device.
 
     With clipping or a probe: scale → backward → ``unscale_`` → clip → step → update, so the clip threshold
     and the probe's "true" numbers apply to real gradients; ``step`` then skips its own unscaling.
     """
     optimizer.zero_grad(set_to_none=True)
-    loss, logits = forward_loss(model, policy, x, y)
+    loss, logits = forward_loss(model, policy, x, y, task)
     scaler.scale(loss * tp.loss_multiplier).backward()  # scale up so small fp16 gradients survive
     if probe is not None:
         probe.sample(model, "scaled")  # what the scaler protects: gradients as backward left them
@@ -55,11 +54,11 @@ def train_step(model, optimizer, scaler, policy: PrecisionPolicy, x: torch.Tenso
 
 
 def forward_backward(model: nn.Module, policy: PrecisionPolicy, x: torch.Tensor, y: torch.Tensor, scale: float = 1.0,
-                     loss_multiplier: float = 1.0) -> None:
+                     loss_multiplier: float = 1.0, task: Task = CLASSIFICATION) -> None:
     """The training step's forward and backward (at loss scale ``scale``), without the optimizer: gradients are
     left in ``.grad``. Wrap it in ``side_effect_free`` to leave training as it was."""
     model.zero_grad(set_to_none=True)
-    loss, _ = forward_loss(model, policy, x, y)
+    loss, _ = forward_loss(model, policy, x, y, task)
     (loss * loss_multiplier * scale).backward()
 
 

@@ -26,11 +26,13 @@ from ampbench.flops import count_step_flops
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.layout import ArmFiles
 from ampbench.loader import batches_per_epoch, keep_on_device
-from ampbench.model_factory import ModelSpec, build, inspect_model
+from ampbench.model_factory import ModelSpec, build_for, inspect_model
 from ampbench.monitor import Diverged, epoch_line
 from ampbench.params import Params
 from ampbench.precision import describe_line, float32_matches, resolve_device, resolve_policy
 from ampbench.splits import Prepared
+from ampbench.task import Task
+from ampbench.tasks import resolve_task
 from ampbench.training import EpochRecord, LoopConfig, TrainState, fit, init_state, throughput
 
 
@@ -47,9 +49,10 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
     out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, {**tags, "dvc.data_md5": data_md5},
                      enabled=world.is_main)
     try:
-        data = load_prepared(data_dir)
+        task = resolve_task(params.train.task, params.train.block_size)
+        data = task.view(load_prepared(data_dir))
         check_steps(params, data, world)
-        model = check_model(params, data, device)  # before anything is written: a model that does not fit fails
+        model = check_model(params, data, task, device)  # before anything is written: a model that does not fit fails
         try:
             policy = resolve_policy(arm, device, params.train.fp32_modules)
         except ArmUnavailable as exc:
@@ -63,7 +66,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
             for seed in params.train.seeds:
                 key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
                 job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key,
-                              model)
+                              model, task)
                 seeds[str(seed)] = _train_seed(job, data_dir, out)
         except StoreError as exc:
             raise StoreError(f"{exc} — the epochs done are kept in {resume_dir}: run the stage again once the "
@@ -94,18 +97,18 @@ def check_steps(params: Params, data: Prepared, world: distributed.World) -> Non
                           "processes, are dropped)")
 
 
-def check_model(params: Params, data: Prepared, device: torch.device) -> dict[str, Any]:
+def check_model(params: Params, data: Prepared, task: Task, device: torch.device) -> dict[str, Any]:
     """Build train.model once and run a dry forward and backward on two training samples on ``device``, with
     training's determinism settings: ModelError (one line) before any work. Returns the model's identity."""
     tp = params.train
     set_deterministic(tp.deterministic, tp.cudnn_benchmark)
-    spec = ModelSpec.from_train(tp)
+    spec, contract = ModelSpec.from_train(tp), task.model_args(data.meta)
     if tp.fp32_modules:  # a pattern that matches nothing would silently leave the layer in 16 bits
         try:
-            float32_matches(build(spec, data.input_shape, data.num_classes), tp.fp32_modules)
+            float32_matches(build_for(spec, contract), tp.fp32_modules)
         except ValueError as exc:
             raise ParamsError(str(exc)) from None
-    return inspect_model(spec, data.train.inputs(data.train.x[:2]), data.num_classes, device)
+    return inspect_model(spec, data.train.inputs(data.train.x[:2]), contract, device, task)
 
 
 def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dict]) -> dict[str, Any]:
@@ -142,10 +145,10 @@ def _build(job: SeedJob) -> tuple[torch.nn.Module, TrainState, LoopConfig]:
     seed_everything(job.seed)
     set_deterministic(tp.deterministic, tp.cudnn_benchmark)
     job.policy.apply_backend_flags()
-    model = build(ModelSpec.from_train(tp), job.data.input_shape, job.data.num_classes).to(job.device)
+    model = build_for(ModelSpec.from_train(tp), job.contract).to(job.device)
     model = job.policy.prepare_model(model.to(memory_format=_memory_format(job)))
     on_device = keep_on_device(tp.data_on_device, job.data.train, job.device)
-    cfg = LoopConfig(train=tp, seed=job.seed, on_device=on_device)
+    cfg = LoopConfig(train=tp, seed=job.seed, on_device=on_device, task=job.task)
     return model, init_state(model, job.policy, cfg, job.device), cfg
 
 
@@ -234,7 +237,7 @@ def count_flops(job: SeedJob, model: torch.nn.Module) -> dict[str, Any]:
     split = job.data.train
     n = min(job.params.train.batch_size, 16, len(split))
     x = job.policy.cast_input(split.inputs(split.x[:n].to(job.device))).to(memory_format=_memory_format(job))
-    counted = count_step_flops(model, job.policy, x, split.y[:n].to(job.device))
+    counted = count_step_flops(model, job.policy, x, split.y[:n].to(job.device), job.task)
     counted["cuda_matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
     return counted
 

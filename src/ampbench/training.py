@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ampbench import distributed
@@ -27,6 +26,7 @@ from ampbench.params import TrainParams
 from ampbench.precision import PrecisionPolicy
 from ampbench.splits import Split
 from ampbench.step import train_step
+from ampbench.task import CLASSIFICATION, Task
 from ampbench.watch import NumericsWatch, SpeedWatch
 
 
@@ -41,6 +41,7 @@ class LoopConfig:
     timing_window: int = 10  # steps per throughput window; each window boundary syncs with the device once
     sync_debug: bool = False  # CUDA: raise if a steady-state step (not a sampled one) syncs with the host
     on_device: bool | None = None  # the input path, decided by the caller; None: train.data_on_device decides
+    task: Task = CLASSIFICATION  # what the model computes: its logits, loss and right answers (task.py)
 
 
 @dataclass
@@ -133,52 +134,29 @@ def init_state(model: nn.Module, policy: PrecisionPolicy, cfg: LoopConfig, devic
     )
 
 
-@torch.no_grad()
-def predict(model: nn.Module, data: torch.Tensor | Split, policy: PrecisionPolicy, batch_size: int) -> torch.Tensor:
-    """Logits in the policy's precision, float32 (N, classes), for model inputs ``data`` (on the model's device)
-    or a ``Split`` (stored values, normalised a batch at a time on the model's device, which holds the logits)."""
-    was_training = model.training
-    model.eval()
-    split = data if isinstance(data, Split) else None
-    x = data.x if split else data
-    device = next(unwrap(model).parameters()).device
-    outs = []
-    for start in range(0, len(x), batch_size):
-        chunk = x[start:start + batch_size]
-        if split is not None:
-            chunk = split.inputs(chunk.to(device, non_blocking=True))
-        with policy.autocast():
-            outs.append(model(policy.cast_input(chunk)).float())
-    model.train(was_training)
-    return torch.cat(outs)
-
-
 class EpochSums:
     """One epoch's running loss and accuracy sums, kept on the device (summed over ranks at the end)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, task: Task):
+        self.task = task
         self.loss = torch.zeros((), device=device)
         self.correct = torch.zeros((), device=device, dtype=torch.int64)
         self.seen = 0  # global samples
+        self.units_per_sample = 1  # what accuracy counts: 1 per image, block_size per token sequence
 
     def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, global_batch: int) -> None:
         self.loss += loss.detach().float() * len(y)
-        self.correct += (logits.argmax(dim=1) == y).sum()
+        right, units = self.task.correct(logits, y)
+        self.correct += right
         self.seen += global_batch
+        self.units_per_sample = units // len(y)
 
     def reduce(self, world: World) -> tuple[float, float]:
         """(mean loss, accuracy) over every rank's share of the epoch."""
         distributed.sum_(self.loss, world)
         distributed.sum_(self.correct, world)
         n = max(self.seen, 1)
-        return (self.loss / n).item(), self.correct.item() / n
-
-
-def validate(model: nn.Module, val: Split, policy: PrecisionPolicy, batch_size: int) -> tuple[float, float]:
-    """(loss, accuracy) of ``model`` on the validation split, in the policy's precision."""
-    logits = predict(model, val, policy, batch_size)
-    y = val.y.to(logits.device)
-    return F.cross_entropy(logits, y).item(), (logits.argmax(dim=1) == y).float().mean().item()
+        return (self.loss / n).item(), self.correct.item() / (n * self.units_per_sample)
 
 
 def input_pipeline(train: Split, policy: PrecisionPolicy, cfg: LoopConfig, device: torch.device,
@@ -206,12 +184,13 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
     records = []
     for epoch in range(state.epoch, tp.epochs):
         model.train()
-        sums = EpochSums(device)
+        sums = EpochSums(device, cfg.task)
         numerics.epoch_start(epoch, state.step)
         speed.epoch_start(f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{tp.epochs}")
         for batch in inputs.epoch(state.generator, state.step):
             with numerics.step(state.step) as probe:  # skip counting; on sampled steps hooks and probes
-                loss, logits = train_step(model, state.optimizer, state.scaler, policy, batch.x, batch.y, tp, probe)
+                loss, logits = train_step(model, state.optimizer, state.scaler, policy, batch.x, batch.y, tp, probe,
+                                          cfg.task)
                 sums.add(loss, logits, batch.y, batch.size)
             state.step += 1
             speed.after_step(batch.size, loss, state.step)
@@ -221,8 +200,8 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
             state.scheduler.step()
         state.epoch = epoch + 1
         numerics.check(state.step, sums.loss)
-        records.append(_record(state, sums, validate(model, val, policy, cfg.eval_batch_size), seconds, world,
-                               numerics, speed, inputs))
+        val_scores = cfg.task.validate(model, val, policy, cfg.eval_batch_size)
+        records.append(_record(state, sums, val_scores, seconds, world, numerics, speed, inputs))
         if on_epoch is not None:
             on_epoch(records[-1], state)
     return records

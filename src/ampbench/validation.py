@@ -5,12 +5,50 @@ the value and what is allowed, before any stage does work.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from ampbench.arms import BASELINE
 from ampbench.errors import ParamsError
-from ampbench.params import Params, dataset_kind, model_kind
+from ampbench.params import DATASETS, IMAGE_MODELS, MODELS, Params
+
+_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")  # package.module:callable
+
+
+def model_kind(name: str) -> str:
+    """The form of ``train.model``: builtin, torchvision (torchvision.<name>) or factory (package.module:callable);
+    ValueError for anything else."""
+    if name in MODELS:
+        return "builtin"
+    if name.startswith("torchvision.") and name.count(".") == 1 and name.removeprefix("torchvision.").isidentifier():
+        return "torchvision"
+    if _FACTORY.match(name):
+        return "factory"
+    raise ValueError(f"{name!r} is none of: {' | '.join(MODELS)} | torchvision.<name> | package.module:callable")
+
+
+TASKS = ("classification", "language_model")  # the built-in tasks (task.py); or package.module:callable
+
+
+def task_kind(name: str) -> str:
+    """The form of ``train.task``: builtin (one of TASKS) or factory (package.module:callable); ValueError for
+    anything else."""
+    if name in TASKS:
+        return "builtin"
+    if _FACTORY.match(name):
+        return "factory"
+    raise ValueError(f"{name!r} is none of: {' | '.join(TASKS)} | package.module:callable")
+
+
+def dataset_kind(name: str) -> str:
+    """The form of ``prepare.dataset``: builtin (one of DATASETS) or factory (package.module:callable);
+    ValueError for anything else."""
+    if name in DATASETS:
+        return "builtin"
+    if _FACTORY.match(name):
+        return "factory"
+    raise ValueError(f"{name!r} is none of: {' | '.join(DATASETS)} | package.module:callable")
 
 
 def _unknown_torchvision_name(name: str) -> str | None:
@@ -36,6 +74,11 @@ def _cross_checks(p: Params) -> list[tuple[str, str]]:
         dataset_kind(p.prepare.dataset)
     except ValueError as exc:
         problems.append(("prepare.dataset", str(exc)))
+    try:
+        task_kind(tp.task)
+    except ValueError as exc:
+        problems.append(("train.task", str(exc)))
+    problems += _task_checks(p)
     try:
         kind = model_kind(tp.model)
     except ValueError as exc:
@@ -68,6 +111,33 @@ def _cross_checks(p: Params) -> list[tuple[str, str]]:
     if tp.batch_size % tp.nproc_per_node:
         problems.append(("train.batch_size", f"{tp.batch_size} does not split evenly over nproc_per_node="
                                              f"{tp.nproc_per_node} processes (it is the global batch)"))
+    return problems
+
+
+def _task_checks(p: Params) -> list[tuple[str, str]]:
+    """(key, reason) for data, models and options of another task than train.task: image data or models and
+    image-only options for a language model, text and token options for image classification."""
+    tp, problems = p.train, []
+    text, builtin_data = p.prepare.dataset == "text", p.prepare.dataset in DATASETS
+    if tp.task == "language_model":
+        if builtin_data and not text:
+            problems.append(("prepare.dataset", f"{p.prepare.dataset!r} is image data; train.task: language_model "
+                                                "trains on text (prepare.dataset: text)"))
+        if tp.model in IMAGE_MODELS or tp.model.startswith("torchvision."):
+            problems.append(("train.model", f"{tp.model!r} is an image classifier; a language model is gpt or your "
+                                            "factory build(vocab_size, block_size, **train.model_args)"))
+        for key, on in (("augment", tp.augment != "none"), ("channels_last", tp.channels_last)):
+            if on:
+                problems.append((f"train.{key}", "only means something for images, not for a language model's "
+                                                 "token sequences; leave it at its default"))
+    elif tp.task == "classification":
+        if text:
+            problems.append(("prepare.dataset", "text is for train.task: language_model (image classification "
+                                                "needs images)"))
+        if tp.model == "gpt":
+            problems.append(("train.model", "gpt is a language model: set train.task: language_model"))
+        if tp.block_size is not None:
+            problems.append(("train.block_size", "only means something for train.task: language_model"))
     return problems
 
 

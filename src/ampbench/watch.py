@@ -34,7 +34,7 @@ class NumericsWatch:
     def __init__(self, model: nn.Module, policy: PrecisionPolicy, scaler: torch.amp.GradScaler, cfg,
                  device: torch.device):
         tp = cfg.train  # cfg: training.LoopConfig
-        self.model, self.policy = model, policy
+        self.model, self.policy, self.task = model, policy, cfg.task
         self.every, self.loss_multiplier = tp.telemetry_every, tp.loss_multiplier
         self.health = ScalerHealth(policy.name, scaler, tp.divergence, device)
         self.grads = GradProbe(model, device)
@@ -69,7 +69,8 @@ class NumericsWatch:
         if self.hooked:
             # A skipped step left the weights as they were, so it can be replayed as it ran.
             replay = (functools.partial(replay_first_nonfinite, self.model, self.policy, batch.x, batch.y,
-                                        self.scale, self.loss_multiplier, step) if self.health.enabled else None)
+                                        self.scale, self.loss_multiplier, step, self.task)
+                      if self.health.enabled else None)
             self.finder.after_step(self.acts, self.health.went_bad(loss), step, self.scale, replay)
         if self.sample:
             self.finder.skips_seen(self.health.skipped_steps())
@@ -89,7 +90,8 @@ class NumericsWatch:
         except Diverged as exc:
             x, y = (self.batch.x, self.batch.y) if self.batch is not None else (None, None)
             raise self.finder.explain(exc, self.model, self.policy, x, y, self.loss_multiplier, step,
-                                      self.health.loss_scale, self.acts.take() if self.acts else None) from None
+                                      self.health.loss_scale, self.acts.take() if self.acts else None,
+                                      self.task) from None
 
     def take(self) -> dict[str, Any]:
         """The epoch's numerics (fields of ``training.EpochRecord``); the probes start a fresh epoch."""

@@ -23,12 +23,18 @@ def _cell(row: dict[str, Any], key: str, spec: str, width: int) -> str:
     return ("n/a" if row.get(key) is None else format(row[key], spec)).rjust(width)
 
 
+def _inputs(c: dict[str, Any]) -> str:
+    if c.get("task") == "language_model":
+        return f"random sequences of {c['block_size']} byte tokens"
+    return f"{c['channels']}×{c['image_size']}×{c['image_size']}"
+
+
 def table(result: dict[str, Any]) -> str:
     """The human-readable summary of ``run``'s result."""
     fp = result["fingerprint"]
     c = result["config"]
     lines = [f"ampbench bench — {fp['device_name']}, torch {fp['torch_version']}, {result['date']}",
-             f"model {c['model']} on {c['channels']}×{c['image_size']}×{c['image_size']}, batch {c['batch_size']}, "
+             f"model {c['model']} on {_inputs(c)}, batch {c['batch_size']}, "
              f"{c['rounds']} interleaved rounds × {c['steps']} steps, windows of {c['window']} steps, "
              f"warm-up {c['warmup_steps']} steps", "",
              "Loop overhead (pipeline loop vs the tutorial's bare loop; one ratio per arm):"]
@@ -65,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     d = BenchConfig()
     p = argparse.ArgumentParser(prog="python -m ampbench.bench", description=__doc__.splitlines()[0])
     p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"], help="device to measure on")
+    p.add_argument("--task", default=d.task, choices=["classification", "language_model"],
+                   help="what the model learns: images → classes, or the next token (model gpt unless --model)")
+    p.add_argument("--block-size", type=int, default=d.block_size, help="language_model: tokens per sequence")
     p.add_argument("--model", default=d.model,
                    help=f"model to train: {' | '.join(MODELS)} | torchvision.<name> | package.module:callable")
     p.add_argument("--width", type=int, default=d.width, help="width of a built-in model (see train.width)")
@@ -90,12 +99,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    for name in ("width", "image_size", "channels", "batch_size", "steps", "rounds", "window"):
+    for name in ("width", "image_size", "channels", "batch_size", "steps", "rounds", "window", "block_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
-    cfg = BenchConfig(device=args.device, model=args.model, width=args.width, image_size=args.image_size,
-                      channels=args.channels, batch_size=args.batch_size, steps=args.steps, rounds=args.rounds,
-                      window=args.window, warmup_steps=args.warmup_steps, arms=args.arms.split(","),
+    model = "gpt" if args.task == "language_model" and args.model == BenchConfig.model else args.model
+    cfg = BenchConfig(device=args.device, task=args.task, block_size=args.block_size, model=model,
+                      width=args.width, image_size=args.image_size, channels=args.channels,
+                      batch_size=args.batch_size, steps=args.steps, rounds=args.rounds, window=args.window,
+                      warmup_steps=args.warmup_steps, arms=args.arms.split(","),
                       overhead_arms=args.overhead_arms.split(","), channels_last=args.channels_last,
                       compile=args.compile, sync_debug=args.sync_debug, mlflow=not args.no_mlflow)
     try:

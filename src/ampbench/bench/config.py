@@ -16,6 +16,8 @@ LOGGING_GOAL = 0.02  # logging time / training time
 @dataclass
 class BenchConfig:
     device: str = "auto"
+    task: str = "classification"  # or language_model: random token sequences of block_size, model gpt
+    block_size: int = 64  # language_model: tokens per sequence
     model: str = "small_cnn"
     width: int = 32
     image_size: int = 16

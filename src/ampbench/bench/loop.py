@@ -24,17 +24,22 @@ from ampbench.bench.config import LOGGING_GOAL, OVERHEAD_GOAL, BenchConfig
 from ampbench.errors import ArmUnavailable
 from ampbench.flops import count_step_flops
 from ampbench.hardware import fingerprint, peak_memory_mb, peak_tflops, reset_peak_memory
-from ampbench.model_factory import ModelSpec, build
+from ampbench.model_factory import ModelSpec, build_for
 from ampbench.models import unwrap
 from ampbench.monitor import WindowTimer
 from ampbench.params import TrainParams
 from ampbench.precision import resolve_device, resolve_policy
 from ampbench.splits import Split
+from ampbench.tasks import resolve_task
+from ampbench.text import VOCAB_SIZE
 from ampbench.training import EpochRecord, LoopConfig, fit, init_state
 
 
 def _data(cfg: BenchConfig, n: int, device: torch.device, seed: int) -> Split:
     g = torch.Generator().manual_seed(seed)
+    if cfg.task == "language_model":  # random bytes: timing needs the shapes, not the text
+        tokens = torch.randint(0, VOCAB_SIZE, (n, cfg.block_size + 1), generator=g)
+        return Split(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()).to(device)
     x = torch.randn(n, cfg.channels, cfg.image_size, cfg.image_size, generator=g)
     y = torch.randint(0, cfg.classes, (n,), generator=g)
     if cfg.channels_last:
@@ -45,17 +50,29 @@ def _data(cfg: BenchConfig, n: int, device: torch.device, seed: int) -> Split:
 def _model(cfg: BenchConfig, device: torch.device, policy):
     torch.manual_seed(0)
     spec = ModelSpec(cfg.model, cfg.width if ModelSpec(cfg.model).kind == "builtin" else None)
-    model = build(spec, (cfg.channels, cfg.image_size, cfg.image_size), cfg.classes).to(device)
+    model = build_for(spec, _task(cfg).model_args(_meta(cfg))).to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model = policy.prepare_model(model)
     return torch.compile(model) if cfg.compile else model
 
 
+def _task(cfg: BenchConfig):
+    return resolve_task(cfg.task, cfg.block_size)
+
+
+def _meta(cfg: BenchConfig) -> dict:
+    """What the task's model contract reads of the (here: random) data."""
+    if cfg.task == "language_model":
+        return {"vocab_size": VOCAB_SIZE}
+    return {"input_shape": [cfg.channels, cfg.image_size, cfg.image_size], "classes": list(range(cfg.classes))}
+
+
 def _loop_cfg(cfg: BenchConfig, epochs: int) -> LoopConfig:
     """The pipeline's train defaults (telemetry, divergence checks, scaler settings) at the bench's sizes."""
     train = TrainParams(epochs=epochs, batch_size=cfg.batch_size, lr=1e-3, scheduler="constant", progress=False)
-    return LoopConfig(train, warmup_steps=cfg.warmup_steps, timing_window=cfg.window, sync_debug=cfg.sync_debug)
+    return LoopConfig(train, warmup_steps=cfg.warmup_steps, timing_window=cfg.window, sync_debug=cfg.sync_debug,
+                      task=_task(cfg))
 
 
 class _PipelineArm:
@@ -118,7 +135,8 @@ class _BareArm:
             self.optimizer.zero_grad()
             with self.policy.autocast():
                 logits = self.model(x)
-                loss = F.cross_entropy(logits.float(), y)
+                # (N, classes) or (N, T, vocab) logits: one cross-entropy over the last dimension either way
+                loss = F.cross_entropy(logits.float().flatten(0, -2), y.flatten())
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -132,7 +150,7 @@ def _flop_rate(runner: _PipelineArm, train: Split, device_name: str, samples_per
     runner.policy.apply_backend_flags()
     model = unwrap(runner.state.model)
     x, y = runner.policy.cast_input(train.x[:16]), train.y[:16]
-    counted = count_step_flops(model, runner.policy, x, y)
+    counted = count_step_flops(model, runner.policy, x, y, _task(runner.cfg))
     out = {"flops_per_sample": counted["per_sample"], "low_precision_flop_share": counted["low_precision_share"],
            "flop_dtype": counted["dominant_dtype"]}
     if samples_per_s and counted["per_sample"]:
