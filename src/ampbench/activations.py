@@ -38,8 +38,6 @@ def _float_tensors(output: Any) -> list[torch.Tensor]:
     return [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
-
-
 class ActivationProbe:
     """Per-module output statistics over sampled steps, and the step's first non-finite module.
 

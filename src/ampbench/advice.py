@@ -8,7 +8,7 @@ from typing import Any
 
 from ampbench.arms import BASELINE, TF32_REFERENCE, adoption_code
 from ampbench.arms import get as get_arm
-from ampbench.comparison import ArmReport
+from ampbench.comparison import ArmReport, decided_by_loss
 
 HEALTHY_SKIP_SHARE = 0.02  # a scaler that skips more optimizer steps than this is fighting overflow, not settling
 MIN_SPEEDUP = 1.05  # smaller throughput gains are within timing noise and are not called faster
@@ -22,7 +22,7 @@ def _why_not(arm: str, c: dict[str, Any], task=None) -> str | None:
     if c["status"] != "ok":
         return f"{arm}: {c['status']}"
     acc, loss = getattr(task, "accuracy_label", "accuracy"), getattr(task, "loss_label", "loss")
-    checks = (((loss, "verdict"), (acc, "accuracy_verdict")) if getattr(task, "deciding", "accuracy") == "loss"
+    checks = (((loss, "verdict"), (acc, "accuracy_verdict")) if decided_by_loss(task)
               else ((acc, "verdict"), (loss, "loss_verdict")))
     why = [f"{what} {c[key]}" for what, key in checks if c[key] != "equivalent"]
     steps, skipped = c.get("optimizer_steps") or 0, c.get("skipped_steps") or 0
@@ -62,7 +62,7 @@ def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[st
         vs_tf32 = (f", {c['speedup_vs_tf32']:.2f}× tf32's" if c.get("speedup_vs_tf32") and best != TF32_REFERENCE
                    else "")
         memory = f", {c['memory_vs_fp32']:.2f}× its peak memory" if c.get("memory_vs_fp32") else ""
-        if getattr(context.get("task"), "deciding", "accuracy") == "loss":  # a language model
+        if decided_by_loss(context.get("task")):  # a language model
             what = (f"Loss per token and next-token accuracy are equivalent to fp32 (Δloss {c['delta_loss']:+.4f} "
                     f"[{c['delta_loss_ci_low']:+.4f}, {c['delta_loss_ci_high']:+.4f}] nats per token)")
         else:

@@ -22,6 +22,11 @@ from ampbench.stats import (
 )
 
 
+def decided_by_loss(task) -> bool:
+    """Whether ``task``'s verdict is its loss's (a language model); None: image classification's, accuracy's."""
+    return getattr(task, "deciding", "accuracy") == "loss"
+
+
 @dataclass
 class ArmReport:
     """One precision arm as the evaluation saw it: evaluated (``summary`` = means over seeds), or skipped/diverged
@@ -85,7 +90,7 @@ def paired_statistics(per_seed: dict[int, dict[str, float]], arm: Outcomes, ref:
                  else "")
         out["accuracy_verdict_reason"] += f" ({flips}the difference is {noise_text})"
         out["loss_verdict_reason"] += f" (the difference is {loss_noise_text})"
-    decided = "accuracy" if task.deciding == "accuracy" else "loss"
+    decided = "loss" if decided_by_loss(task) else "accuracy"
     out["verdict"], out["verdict_reason"] = out[f"{decided}_verdict"], out[f"{decided}_verdict_reason"]
     out["vs_seed_noise"] = out[f"{decided}_vs_seed_noise"]
     out["differs_from_fp32"] = differs_from_zero(acc if decided == "accuracy" else loss)
@@ -139,7 +144,7 @@ def comparison_row(r: ArmReport, noise: SeedNoise, margins: Margins, task=None) 
            "max_abs_logit_diff_vs_fp32": round(s["max_abs_logit_diff_vs_fp32"], 6),
            "ece": _round(s.get("test_ece")), "delta_ece": _round(s.get("delta_ece_vs_fp32")),
            "skipped_steps": t["skipped_steps"], "optimizer_steps": t.get("optimizer_steps")}
-    if task is not None and task.deciding == "loss":  # a language model: the loss verdict decides
+    if decided_by_loss(task):  # a language model: the loss verdict decides
         row["accuracy_verdict"] = "baseline" if base else st["accuracy_verdict"]
         row["perplexity"] = round(math.exp(s["test_loss"]), 4) if math.isfinite(s["test_loss"]) else None
     flops = r.numerics.get("flops")
@@ -204,7 +209,7 @@ SPEED_SHOWN = ("speedup_vs_fp32", "memory_vs_fp32")
 def shown(comparison: dict[str, Any], speed: dict[str, Any], task=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The slim comparison.json and speed.json: the columns above, plus skipped optimizer steps where the scaler
     skipped any; fp32's own throughput instead of ratios to itself."""
-    by_loss = task is not None and task.deciding == "loss"
+    by_loss = decided_by_loss(task)
     slim, fast = {}, {}
     for arm, row in comparison.items():
         if arm == BASELINE:

@@ -123,9 +123,11 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
 def _predict_arms(params: Params, task, summaries: dict[str, dict], test: Split, models_dir: Path,
                   device: torch.device) -> tuple[list[ArmReport], dict[str, Outcomes], dict[int, torch.Tensor]]:
     """Every arm's report (skipped and diverged ones with their reason), its per-example outcomes and the
-    baseline's predictions per seed (for fp32's seed noise). The baseline first."""
+    baseline's predictions per seed (for fp32's seed noise). The baseline first: its models, loaded once, are
+    every other arm's references."""
     reports: list[ArmReport] = []
     predictions: dict[int, torch.Tensor] = {}
+    refs: dict[int, torch.nn.Module] = {}
     outcomes: dict[str, Outcomes] = {}
     for arm in [BASELINE] + [a for a in params.train.precisions if a != BASELINE]:
         s = summaries[arm]
@@ -134,17 +136,18 @@ def _predict_arms(params: Params, task, summaries: dict[str, dict], test: Split,
             reports.append(ArmReport(arm, skipped_reason=reason, status="skipped" if s["skipped"] else "diverged",
                                      ablation=s.get("ablation", False), numerics=_numerics(s)))
             continue
-        report, outcomes[arm] = _evaluate_arm(arm, s, params, task, test, models_dir, device, predictions)
+        report, outcomes[arm] = _evaluate_arm(arm, s, params, task, test, models_dir / arm, device, refs,
+                                              predictions)
         reports.append(report)
     return reports, outcomes, predictions
 
 
-def _evaluate_arm(arm: str, summary: dict, params: Params, task, test: Split, models_dir: Path,
-                  device: torch.device, predictions: dict[int, torch.Tensor]) -> tuple[ArmReport, Outcomes]:
+def _evaluate_arm(arm: str, summary: dict, params: Params, task, test: Split, folder: Path, device: torch.device,
+                  refs: dict[int, torch.nn.Module], predictions: dict[int, torch.Tensor]) -> tuple[ArmReport, Outcomes]:
     """One trained arm, every seed: in its own precision and, its weights as they are, in strict fp32; against the
-    baseline's model of the same seed (``task.evaluate``). The baseline fills ``predictions``."""
+    baseline's model of the same seed (``task.evaluate``). The baseline fills ``refs`` and ``predictions``."""
     policy, strict = resolve_policy(arm, device, params.train.fp32_modules), resolve_policy(BASELINE, device)
-    files = ArmFiles(models_dir / arm)
+    files = ArmFiles(folder)
     histories = read_json(files.history, _RETRAIN)
     if not isinstance(histories, dict):
         raise DataError(f"{files.history}: not a history the train stage wrote; {_RETRAIN}")
@@ -152,8 +155,9 @@ def _evaluate_arm(arm: str, summary: dict, params: Params, task, test: Split, mo
     per_seed, examples = {}, {}
     for seed in params.train.seeds:
         model = _load_arm_model(files.checkpoint(seed), device)
-        ref = model if arm == BASELINE else _load_arm_model(ArmFiles(models_dir / BASELINE).checkpoint(seed), device)
-        result = task.evaluate(model, ref, policy, strict, test, ev.batch_size, ev.calibration_bins)
+        if arm == BASELINE:
+            refs[seed] = model  # fp32's evaluation leaves it as it was: strict float32, eval mode
+        result = task.evaluate(model, refs[seed], policy, strict, test, ev.batch_size, ev.calibration_bins)
         if arm == BASELINE:
             predictions[seed] = result.predictions
         per_seed[seed], examples[seed] = result.metrics, result

@@ -93,9 +93,7 @@ class LanguageModel(Task):
         device = next(unwrap(model).parameters()).device
         loss = torch.zeros((), device=device, dtype=torch.float64)
         right = torch.zeros((), device=device, dtype=torch.int64)
-        for start in range(0, len(split), batch_size):
-            x = split.inputs(split.x[start:start + batch_size].to(device))
-            y = split.y[start:start + batch_size].to(device)
+        for _, x, y in _batches(split, batch_size, model):
             with policy.autocast():
                 logits = self.logits(model(policy.cast_input(x))).float()
             loss += F.cross_entropy(logits.flatten(0, 1), y.flatten().long(), reduction="sum").double()
@@ -124,13 +122,7 @@ class LanguageModel(Task):
                 ref = self.logits(ref_model.eval()(x)).float()
             acc.add(start, own, ref, y)
         strict.apply_backend_flags()
-        f32_model = model.float().eval()
-        loss_f32 = right_f32 = 0.0
-        for _, x, y in _batches(test, batch_size, f32_model):
-            logits = self.logits(f32_model(x)).float()
-            loss_f32 += F.cross_entropy(logits.flatten(0, 1), y.flatten().long(), reduction="sum").item()
-            right_f32 += (logits.argmax(dim=-1) == y).sum().item()
-        return acc.result(loss_f32, right_f32)
+        return acc.result(*self.validate(model.float(), test, strict, batch_size))  # its weights in strict fp32
 
     def paired(self, arm: dict, ref: dict, confidence: float, finite: bool):
         from ampbench.stats import paired_mean
@@ -175,14 +167,14 @@ class _Accumulator:
         self.finite = self.finite and bool(torch.isfinite(own).all())
         self.predictions.append(pred.to(torch.uint8 if own.shape[-1] <= 256 else torch.int32).cpu())
 
-    def result(self, loss_f32: float, right_f32: float) -> SeedEvaluation:
+    def result(self, loss_f32: float, accuracy_f32: float) -> SeedEvaluation:
         """The seed's metrics (the keys of ``metrics.arm_seed_metrics`` but ECE: per token), outcomes and
-        predictions; ``loss_f32`` and ``right_f32``: the sums of the strict-fp32 pass."""
+        predictions; ``loss_f32`` and ``accuracy_f32``: the arm's weights in strict fp32."""
         n = self.units
         test_loss, test_acc = float(self.loss.mean()), float(self.accuracy.mean())  # every sequence has T tokens
         ref_loss, ref_acc = self.ref_loss / n, self.ref_right / n
-        metrics = {"test_accuracy": test_acc, "test_loss": test_loss, "test_accuracy_fp32eval": right_f32 / n,
-                   "test_loss_fp32eval": loss_f32 / n, "delta_accuracy_vs_fp32": test_acc - ref_acc,
+        metrics = {"test_accuracy": test_acc, "test_loss": test_loss, "test_accuracy_fp32eval": accuracy_f32,
+                   "test_loss_fp32eval": loss_f32, "delta_accuracy_vs_fp32": test_acc - ref_acc,
                    "delta_loss_vs_fp32": test_loss - ref_loss, "agreement_vs_fp32": self.agree / n,
                    "kl_vs_fp32": max(self.kl / n, 0.0), "max_abs_logit_diff_vs_fp32": self.max_diff}
         return SeedEvaluation(metrics, {"accuracy": self.accuracy, "loss": self.loss}, self.finite,

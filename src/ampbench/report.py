@@ -11,7 +11,7 @@ from typing import Any
 
 from ampbench.advice import bound_by, fix_line, input_bound, no_effect
 from ampbench.arms import BASELINE
-from ampbench.comparison import ArmReport
+from ampbench.comparison import ArmReport, decided_by_loss
 
 CURVE_KEYS = ("train_loss", "val_loss", "val_accuracy", "loss_scale")
 # Also written to the DVC plot rows (not drawn in the PNG): the scaler and underflow story per epoch.
@@ -65,7 +65,7 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
     lines = ["# ampbench: mixed precision vs strict fp32", "", rec,
              *([""] + ["```python", code, "```"] if code else []), "",
              f"Model {model_line(context['model'])}.", "", _method(context), ""]
-    by_loss = getattr(context.get("task"), "deciding", "accuracy") == "loss"
+    by_loss = decided_by_loss(context.get("task"))
     lines += _loss_table(arms, comparison, context) if by_loss else _table(arms, comparison, context)
     lines += ["", "Why each verdict:", ""]
     for a in arms:
@@ -99,7 +99,7 @@ def _method(context: dict[str, Any]) -> str:
              f"fp32's own seed-to-seed variation: test accuracy sd {100 * noise.accuracy_sd:.2f} pp, test loss sd "
              f"{noise.loss_sd:.4f} nats; two fp32 seeds disagree on {100 * noise.disagreement:.2f}% of test "
              "predictions")
-    if getattr(context.get("task"), "deciding", "accuracy") == "loss":
+    if decided_by_loss(context.get("task")):
         return (f"Data `{context.get('dataset')}`, device `{context.get('device_name')}`, {len(seeds)} seed(s) "
                 f"{seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same seed on the same "
                 f"test sequences. The {conf}% intervals of Δloss (nats per token) and Δ next-token accuracy use every "
