@@ -20,9 +20,11 @@ def test_bench_cli_writes_every_field(tmp_path, capsys, mlflow_store):
     assert "Loop overhead" in printed and "Logging:" in printed
     r = json.loads(out.read_text())
     o = r["loop_overhead"]["fp32"]
-    # 2 rounds × 6 steps in windows of 2: the window ending at step 2 lies in the 2-step warm-up, 5 are kept, for
-    # both loops alike (the same windows, or the ratio would compare different things).
-    assert o["windows"] == [5, 5] and o["goal"] == 1.03 and f"ratio {o['ratio']:.3f}" in printed
+    # Under the default time budget: round 0 of 2 + 2 steps (warm-up and one window: 1 window kept), then 2 rounds
+    # × 6 steps in windows of 2 (3 each): 7, for both loops alike (the same windows, or the ratio would compare
+    # different things).
+    assert o["windows"] == [7, 7] and o["goal"] == 1.03 and f"ratio {o['ratio']:.3f}" in printed
+    assert o["steps_measured"] == 16 and o["rounds_run"] == 3 and not o["cut_short"] and "cut short" not in printed
     # Tiny rounds: the share itself is meaningless here (one SQLite commit can outlast an epoch of 6 tiny steps: a CI
     # run saw 1.31); real MLflow logging took place.
     lg = r["logging"]
@@ -104,29 +106,6 @@ def test_each_arms_memory_is_measured_with_only_its_own_state_alive(monkeypatch)
     assert all(result["arms"][a]["peak_memory_mb"] > 0 for a in cfg.arms)
 
 
-def test_the_gpu_check_dry_run_on_cpu(tmp_path):
-    """scripts/gpu_check.sh --device cpu: the GPU check's exact commands at tiny sizes, on the pinned torch and a
-    simulated GPU machine (its packages only), so the script cannot rot between GPU slots."""
-    import subprocess
-    import sys
-
-    from conftest import GPU_MACHINE_LACKS, ROOT, gpu_box_env
-
-    out = tmp_path / "out"
-    env = {**gpu_box_env(tmp_path, GPU_MACHINE_LACKS), "OUT": str(out), "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu"], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "sync-debug: skipped (CUDA only)" in proc.stdout
-    r = json.loads((out / "gpu_bench.json").read_text())
-    assert set(r["arms"]) == {"fp32", "tf32", "fp16", "bf16"} and "skipped" in r["arms"]["tf32"]
-    assert all(r["arms"][a]["samples_per_s"] > 0 and r["arms"][a]["peak_memory_mb"] > 0 for a in ("fp16", "bf16"))
-    assert set(r["loop_overhead"]) == {"fp32", "tf32", "fp16", "bf16"}
-    assert (out / "versions.txt").read_text().startswith("torch ")
-    pytest_log = (out / "gpu_pytest.txt").read_text()  # collected on the simulated machine; all skip without CUDA
-    assert " skipped" in pytest_log and "error" not in pytest_log.lower()
-
-
 def test_bench_times_a_language_model(tmp_path):
     """`ampbench bench --task language_model`: random byte sequences through the built-in gpt, both loops."""
     out = tmp_path / "lm.json"
@@ -134,5 +113,59 @@ def test_bench_times_a_language_model(tmp_path):
                  "--window", "2", "--warmup-steps", "1", "--batch-size", "8", "--arms", "fp32,bf16", "--no-mlflow",
                  "--device", "cpu", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    assert r["config"]["model"] == "gpt" and r["loop_overhead"]["fp32"]["windows"] == [1, 1]
+    # Round 0: 1 + 2 steps, its one full window inside the warm-up; round 1: 4 steps, 2 windows kept.
+    assert r["config"]["model"] == "gpt" and r["loop_overhead"]["fp32"]["windows"] == [2, 2]
     assert r["arms"]["fp32"]["low_precision_flop_share"] == 0.0 and r["arms"]["bf16"]["low_precision_flop_share"] == 1.0
+
+
+def _budgeted_rounds(monkeypatch, seconds_per_step: float, budget: float | None) -> tuple[list[int], dict]:
+    """The steps of each round ``Budget`` lets an arm run at a fixed cost per step (a fake clock)."""
+    from types import SimpleNamespace
+
+    from ampbench.bench import budget as benchbudget
+
+    clock = [0.0]
+    monkeypatch.setattr(benchbudget, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    cfg = BenchConfig(steps=30, rounds=5, window=10, warmup_steps=10, arm_budget=budget)
+    b, ran = benchbudget.Budget(cfg, budget), []
+
+    def one_round(steps: int) -> None:
+        ran.append(steps)
+        clock[0] += steps * seconds_per_step
+
+    for r in range(b.total_rounds):
+        steps = b.steps_for(r)
+        if not steps:
+            break
+        b.run(steps, one_round)
+    return ran, b.record()
+
+
+def test_a_slow_arm_is_cut_to_its_time_budget(monkeypatch):
+    # 0.5 s per step, 20 s: round 0 (warm-up + one window, 10 s) always; then one window per round while it fits.
+    ran, rec = _budgeted_rounds(monkeypatch, 0.5, 20.0)
+    assert ran == [20, 10, 10] and rec == {"budget_s": 20.0, "steps_measured": 40, "rounds_run": 3,
+                                           "cut_short": True}
+    # Slower than the budget allows even for round 0: round 0 still runs (the least that measures anything).
+    ran, rec = _budgeted_rounds(monkeypatch, 5.0, 20.0)
+    assert ran == [20] and rec["cut_short"]
+
+
+def test_a_fast_arm_and_an_unbudgeted_one_run_every_round_in_full(monkeypatch):
+    ran, rec = _budgeted_rounds(monkeypatch, 0.01, 20.0)
+    assert ran == [20, 30, 30, 30, 30, 30] and not rec["cut_short"]
+    ran, rec = _budgeted_rounds(monkeypatch, 5.0, None)  # the GPU profile: as before, whatever it costs
+    assert ran == [30] * 5 and not rec["cut_short"]
+
+
+def test_the_table_says_which_arm_was_cut_short(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    tiny = [*TINY[:-1], "fp32,bf16"]
+    assert main([*tiny, "--device", "cpu", "--no-mlflow", "--arm-budget", "0.000001", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    for arm in ("fp32", "bf16"):  # round 0 only: 2 warm-up steps + one window of 2
+        assert r["arms"][arm]["cut_short"] and r["arms"][arm]["steps_measured"] == 4
+        assert f"{arm} (throughput): cut short by its 1e-06 s budget: 4 steps in 1 round," in printed
+    with pytest.raises(SystemExit):
+        main([*TINY, "--arm-budget", "0", "--json", str(out)])

@@ -62,9 +62,33 @@ def table(result: dict[str, Any]) -> str:
                  _cell(a, "memory_vs_fp32", ".2f", 10), _cell(a, "low_precision_flop_share", ".0%", 12),
                  _cell(a, "achieved_tflops", ".3g", 9), _cell(a, "peak_share", ".1%", 8)]
         lines.append(f"{arm:14s} " + " ".join(cells))
+    lines += _cut_short(result)
     if "memory_note" in result:
         lines.append(result["memory_note"])
     return "\n".join(lines)
+
+
+def _cut_short(result: dict[str, Any]) -> list[str]:
+    """A line per arm whose time budget stopped it before every round ran in full."""
+    c = result["config"]
+    out = []
+    for phase, rows in (("throughput", result["arms"]), ("loop overhead", result["loop_overhead"])):
+        for arm, row in rows.items():
+            if row.get("cut_short"):
+                n = row["rounds_run"]
+                out.append(f"{arm} ({phase}): cut short by its {row['budget_s']:g} s budget: {row['steps_measured']} "
+                           f"steps in {n} round{'s' * (n != 1)}, not {c['warmup_steps'] + c['window']} + "
+                           f"{c['rounds']} × {c['steps']} (--arm-budget none measures every round in full)")
+    return out
+
+
+def _budget(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds or 'none', got {text}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default=",".join(d.arms), help=f"comma-separated arms to compare ({', '.join(NAMES)})")
     p.add_argument("--overhead-arms", default=",".join(d.overhead_arms),
                    help="arms whose pipeline loop is timed against the bare loop (GPU: all four)")
+    p.add_argument("--arm-budget", type=_budget, default=d.arm_budget, metavar="SECONDS",
+                   help="wall seconds each arm may spend per phase: a first round of warm-up and one window, then "
+                        "the rounds that fit (an arm cut short says so in the table); 'none': every round in full")
     p.add_argument("--channels-last", action="store_true", help="channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--sync-debug", action="store_true",
@@ -108,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                       batch_size=args.batch_size, steps=args.steps, rounds=args.rounds, window=args.window,
                       warmup_steps=args.warmup_steps, arms=args.arms.split(","),
                       overhead_arms=args.overhead_arms.split(","), channels_last=args.channels_last,
-                      compile=args.compile, sync_debug=args.sync_debug, mlflow=not args.no_mlflow)
+                      compile=args.compile, sync_debug=args.sync_debug, mlflow=not args.no_mlflow,
+                      arm_budget=args.arm_budget)
     try:
         from ampbench.bench.loop import measure  # torch is imported only now, so --help stays instant
 

@@ -34,3 +34,7 @@ class BenchConfig:
     compile: bool = False
     sync_debug: bool = False  # CUDA only: steady-state steps under torch.cuda.set_sync_debug_mode("error")
     mlflow: bool = True  # time real MLflow logging (SQLite in a temp dir) when mlflow is installed
+    # Wall seconds each arm may spend per phase (throughput; the bare + pipeline pair of the overhead check gets
+    # twice this): a first round of warm-up + one window, then the rounds the rest fits. None: every round in full.
+    # On CPU fp16 autocast can run at 1% of fp32 (AVX512-FP16 machines): without a budget it takes the whole bench.
+    arm_budget: float | None = 20.0

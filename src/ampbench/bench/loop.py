@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ampbench import tracking
 from ampbench.arms import BASELINE, TF32_REFERENCE
+from ampbench.bench.budget import Budget
 from ampbench.bench.config import LOGGING_GOAL, OVERHEAD_GOAL, BenchConfig
 from ampbench.errors import ArmUnavailable
 from ampbench.flops import count_step_flops
@@ -75,6 +76,12 @@ def _loop_cfg(cfg: BenchConfig, epochs: int) -> LoopConfig:
                       task=_task(cfg))
 
 
+def _first(split: Split, steps: int, batch_size: int) -> Split:
+    """The first ``steps`` batches of ``split`` (all of it when it has no more)."""
+    n = steps * batch_size
+    return split if n >= len(split) else Split(split.x[:n], split.y[:n], split.norm)
+
+
 class _PipelineArm:
     """The pipeline's loop (``fit``: telemetry, divergence checks, bookkeeping, per-epoch logging hook on)."""
 
@@ -88,7 +95,7 @@ class _PipelineArm:
         self.seconds = self.logging_seconds = 0.0
         self.peak: dict[str, float] = {}
 
-    def round(self) -> None:
+    def round(self, steps: int) -> None:
         self.policy.apply_backend_flags()
         tcfg = _loop_cfg(self.cfg, self.state.epoch + 1)
 
@@ -100,7 +107,8 @@ class _PipelineArm:
             self.logging_seconds += time.perf_counter() - t0
 
         reset_peak_memory(self.train.x.device)
-        fit(self.state, self.train, self.val, self.policy, tcfg, on_epoch=on_epoch)
+        fit(self.state, _first(self.train, steps, self.cfg.batch_size), self.val, self.policy, tcfg,
+            on_epoch=on_epoch)
         mem = peak_memory_mb(self.train.x.device)
         self.peak = {k: max(v, self.peak.get(k, 0.0)) for k, v in mem.items()}
 
@@ -124,10 +132,10 @@ class _BareArm:
     def windows(self) -> list[float]:
         return self.timer.windows
 
-    def round(self) -> None:
+    def round(self, steps: int) -> None:
         self.policy.apply_backend_flags()
-        n, bs = len(self.train), self.cfg.batch_size
-        perm = torch.randperm(n, generator=self.gen).to(self.device)
+        n, bs = min(len(self.train), steps * self.cfg.batch_size), self.cfg.batch_size
+        perm = torch.randperm(len(self.train), generator=self.gen)[:n].to(self.device)
         self.timer.start()
         for start in range(0, n, bs):
             idx = perm[start:start + bs]
@@ -213,15 +221,19 @@ def _loop_overhead(cfg: BenchConfig, device, train: Split, val: Split, log_epoch
         except ArmUnavailable as exc:
             overhead[arm] = {"skipped": str(exc)}
             continue
-        for _ in range(cfg.rounds):
-            bare.round()
-            pipe.round()
+        budget = Budget(cfg, None if cfg.arm_budget is None else 2 * cfg.arm_budget)  # two loops per round
+        for r in range(budget.total_rounds):
+            steps = budget.steps_for(r)
+            if not steps:
+                break
+            budget.run(steps, bare.round, pipe.round)
         b, p = _median(bare.windows), _median(pipe.windows)
         ratio = b / p if b and p else None
         overhead[arm] = {"bare_samples_per_s": b, "pipeline_samples_per_s": p, "ratio": ratio,
                          "goal": OVERHEAD_GOAL, "meets_goal": ratio is not None and ratio <= OVERHEAD_GOAL,
                          "windows": [len(bare.windows), len(pipe.windows)],
-                         "logging_seconds": pipe.logging_seconds, "train_seconds": pipe.seconds}
+                         "logging_seconds": pipe.logging_seconds, "train_seconds": pipe.seconds,
+                         **budget.record()}
     return overhead
 
 
@@ -235,7 +247,9 @@ def isolated_peaks(cfg: BenchConfig, device, train: Split, val: Split, arms: lis
         if device.type == "cuda":
             torch.cuda.empty_cache()
         runner = _PipelineArm(cfg, arm, device, train, val, lambda row, steps: None)
-        runner.round()  # resets the peak counter first
+        # Resets the peak counter first. Under a budget two steps: the peak is reached by the second (the
+        # optimizer's state exists from the first).
+        runner.round(cfg.steps if cfg.arm_budget is None else min(cfg.steps, 2))
         peaks[arm] = dict(runner.peak)
         del runner
     gc.collect()
@@ -251,10 +265,13 @@ def _arm_ratios(cfg: BenchConfig, device, train: Split, val: Split) -> dict[str,
             runners[arm] = _PipelineArm(cfg, arm, device, train, val, lambda row, steps: None)
         except ArmUnavailable as exc:
             arms[arm] = {"skipped": str(exc)}
-    for _ in range(cfg.rounds):
+    budgets = {name: Budget(cfg, cfg.arm_budget) for name in runners}
+    for r in range(cfg.rounds + (cfg.arm_budget is not None)):
         for name in runners:  # by name: no loop variable keeps a runner alive after runners.clear()
-            runners[name].round()
-    arms.update({arm: {"samples_per_s": _median(r.windows)} for arm, r in runners.items()})
+            steps = budgets[name].steps_for(r) if budgets[name].rounds_run == r else 0
+            if steps:
+                budgets[name].run(steps, runners[name].round)
+    arms.update({arm: {"samples_per_s": _median(r.windows), **budgets[arm].record()} for arm, r in runners.items()})
     device_name = fingerprint(device)["device_name"]
     for name in runners:  # by name, as above
         arms[name].update(_flop_rate(runners[name], train, device_name, arms[name]["samples_per_s"]))
