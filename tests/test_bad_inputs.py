@@ -330,6 +330,17 @@ DAMAGED = [
     ("summary-other-seeds", "summary.json", "seeds", "no result for seed(s) [0]"),
     ("history-garbage", "history.json", b"\x00\x01", "not valid JSON"),
     ("history-list", "history.json", b"[]", "not a history the train stage wrote"),
+    # Parses, but a field holds the wrong type (each one a TypeError/AttributeError traceback before): the field
+    # is named, before any report is written.
+    ("summary-seeds-null", "summary.json", lambda s: s.update(seeds=None), "field seeds: Input should be a valid"),
+    ("summary-speed-a-word", "summary.json", lambda s: s.update(samples_per_s="fast"),
+     "field samples_per_s: Input should be a valid number (holds 'fast')"),
+    ("summary-final-a-list", "summary.json", lambda s: s["seeds"]["0"].update(final=[1]), "field seeds.0.final:"),
+    ("summary-hardware-a-string", "summary.json", lambda s: s.update(hardware="cpu"), "field hardware:"),
+    ("summary-steps-a-boolean", "summary.json", lambda s: s.update(skipped_steps=True),
+     "field skipped_steps: Input should be a valid integer"),
+    ("summary-of-another-arm", "summary.json", lambda s: s.update(arm="bf16"),
+     "says it belongs to arm 'bf16', but it is in fp32's folder"),
     ("checkpoint-truncated", "seed0.pt", "truncate", "checkpoint unreadable"),
     ("checkpoint-missing", "seed0.pt", None, "missing"),
     ("checkpoint-of-another-model", "seed0.pt", "weights", "not a checkpoint the train stage wrote"),
@@ -344,6 +355,10 @@ def test_damaged_inputs_of_evaluate_are_one_line_naming_the_file(case, trained, 
     target = tmp_path / "models" / "fp32" / name
     if damage is None:
         target.unlink()
+    elif callable(damage):
+        summary = json.loads(target.read_text())
+        damage(summary)
+        target.write_text(json.dumps(summary))
     elif damage == "seeds":
         summary = json.loads(target.read_text())
         summary["seeds"] = {"7": summary["seeds"]["0"]}
@@ -363,3 +378,46 @@ def test_damaged_inputs_of_evaluate_are_one_line_naming_the_file(case, trained, 
     assert err.count("\n") == 0 and "Traceback" not in result.output, err
     assert err.startswith(f"error: {target}") and expected in err, err
     assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").rglob("*"))
+
+
+# Tracking URIs no run could outlive or no store answers at: (id, MLFLOW_TRACKING_URI, expected text)
+BAD_URIS = [
+    ("sqlite-without-a-path", "sqlite://", "names no database file"),
+    ("sqlite-upper-case-without-a-path", "SQLITE://", "names no database file"),
+    ("sqlite-in-memory", "sqlite:///:memory:", "names no database file"),
+    ("sqlite-with-a-host", "sqlite://server/mlflow.db", "a SQLite URI has no host"),
+    ("server-without-a-host", "http://:5000", "names no host"),
+    ("port-not-a-number", "http://127.0.0.1:port", "is malformed"),
+]
+
+
+@pytest.mark.parametrize("stage", ["train", "evaluate"])
+@pytest.mark.parametrize("case", BAD_URIS, ids=[c[0] for c in BAD_URIS])
+def test_tracking_uris_at_their_edges_are_one_line_before_any_output(case, stage, trained, prepared, tmp_path,
+                                                                     monkeypatch):
+    """Each was an IndexError traceback, after evaluate had rewritten its reports, or (`:memory:`) a file of that
+    name in the working folder; now one line before the stage writes anything."""
+    _, uri, expected = case
+    params, models = trained
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(models, tmp_path / "models")
+    args = _args(stage, params, tmp_path, prepared)
+    if stage == "evaluate":
+        args[args.index("--models") + 1] = str(tmp_path / "models")
+    before = _files(tmp_path)
+    result = _invoke(stage, args, env={"MLFLOW_TRACKING_URI": uri})
+    assert result.exit_code not in (0, None), result.output
+    err = result.stderr.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and expected in err, err
+    assert "Traceback" not in result.output + result.stderr
+    assert _files(tmp_path) == before and not list(tmp_path.glob("*memory*"))
+
+
+def test_every_accepted_uri_form_has_one_meaning():
+    from ampbench.tracking.uris import parse
+
+    assert parse("SQLITE:////srv/mlflow.db") == "sqlite:////srv/mlflow.db"  # SQLAlchemy needs the lower case
+    assert parse("sqlite:///rel.db") == "sqlite:///rel.db"
+    assert parse("Http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert parse("postgresql+psycopg2://u:p@db/mlflow") == "postgresql+psycopg2://u:p@db/mlflow"
+    assert parse("databricks") == "databricks"

@@ -35,6 +35,7 @@ from ampbench.metrics import seed_noise, summarise_seeds
 from ampbench.model_factory import ModelSpec, build_for
 from ampbench.params import Params
 from ampbench.precision import resolve_device, resolve_policy
+from ampbench.records import check_summary
 from ampbench.splits import Split
 from ampbench.stats import resolve_margins
 from ampbench.tasks import resolve_task
@@ -62,11 +63,13 @@ _RETRAIN = "rerun the train stage (dvc repro) to rewrite it"
 
 
 def _read_summary(path: Path, arm: str, seeds: list[int]) -> dict:
-    """models/<arm>/summary.json, checked for what evaluate reads: one line naming the file otherwise."""
+    """models/<arm>/summary.json, checked for what evaluate reads (``records``): one line naming the file
+    and the field otherwise."""
     s = read_json(path, f"train the {arm} arm first (dvc repro)")
     need = ("skipped", "hardware") + (() if isinstance(s, dict) and s.get("skipped") else ("seeds",))
     if not isinstance(s, dict) or any(k not in s for k in need):
         raise DataError(f"{path}: not a summary the train stage wrote (expected keys {', '.join(need)}); {_RETRAIN}")
+    check_summary(s, path, arm, _RETRAIN)
     if not s["skipped"] and not s.get("diverged"):
         missing = [seed for seed in seeds if str(seed) not in s["seeds"]]
         if missing:
@@ -92,6 +95,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     from ampbench.advice import recommendation
 
     tp, ev = params.train, params.evaluate
+    tracking.check_uri(tracking.store_uris(project_root)[0])  # a store it cannot log to: before any report is written
     device = resolve_device(tp.device)
     task = resolve_task(tp.task, tp.block_size)
     data = task.view(load_prepared(data_dir))

@@ -26,10 +26,27 @@ def json_digest(obj: Any, length: int | None = None) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:length]
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux allows (``os.umask`` sets while it reads: a file
+    another thread creates at that instant would get the temporary mask)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _atomic(path: Path, write: Callable[[Path], None]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp creates 0600 whatever the umask; the output gets the mode a plain open() would give it, so a team's
+    # shared folder (or a DVC remote filled from it) stays readable to the group the umask allows.
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     try:
         write(Path(tmp))

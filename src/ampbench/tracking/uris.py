@@ -31,6 +31,7 @@ def store_uris(project_root: Path) -> tuple[str, str | None]:
     env_uri = os.environ.get("MLFLOW_TRACKING_URI")
     if not env_uri:
         return f"sqlite:///{root / DB_NAME}", chosen or (root / ARTIFACTS_DIR).as_uri()
+    env_uri = parse(env_uri)  # one line for a URI no store can be opened at, before anything uses it
     if env_uri.startswith("sqlite:///"):
         db = Path(sqlite_path(env_uri))
         if not db.is_absolute():
@@ -62,14 +63,52 @@ def mask(text: str, uri: str | None = None) -> str:
 
 
 _KNOWN_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks")
+_FIX = "fix or unset MLFLOW_TRACKING_URI"
+
+
+def parse(uri: str) -> str:
+    """Every tracking URI form, accepted with one meaning (returned normalised: the scheme in lower case, as
+    SQLAlchemy needs it) or refused in one line: unknown or missing scheme, a SQLite URI that names no file
+    (``sqlite://``, SQLAlchemy's in-memory database) or an in-memory one (``sqlite:///:memory:``: runs must
+    outlive the process), a SQLite URI with a host, a server URI without a host, a malformed port."""
+    if uri.strip() == "databricks":  # MLflow's name for the default Databricks workspace
+        return "databricks"
+    try:
+        parts = urlsplit(uri.strip())
+        parts.port  # noqa: B018  (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        raise AmpbenchError(f"MLflow tracking URI {redact_safe(uri)!r} is malformed ({exc}); {_FIX}") from None
+    scheme = parts.scheme.lower()
+    if scheme.split("+")[0] not in _KNOWN_SCHEMES:
+        raise AmpbenchError(f"MLflow tracking URI {redact_safe(uri)!r} is not one MLflow can use (expected "
+                            f"sqlite:///path, http(s)://host:port, postgresql://…); {_FIX}")
+    normalised = scheme + uri.strip()[len(parts.scheme):]
+    if scheme == "sqlite":
+        if parts.netloc:
+            raise AmpbenchError(f"MLflow tracking URI {uri!r}: a SQLite URI has no host (sqlite:///relative.db or "
+                                f"sqlite:////absolute/path.db); {_FIX}")
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path or path == ":memory:" or "mode=memory" in parts.query:
+            raise AmpbenchError(f"MLflow tracking URI {uri!r} names no database file (an in-memory store ends "
+                                f"with the process, and every stage is a process of its own): use "
+                                f"sqlite:///path/to/mlflow.db; {_FIX}")
+    elif scheme.split("+")[0] in ("http", "https", "postgresql", "mysql", "mssql") and not parts.hostname:
+        raise AmpbenchError(f"MLflow tracking URI {redact_safe(uri)!r} names no host; {_FIX}")
+    return normalised
+
+
+def redact_safe(uri: str) -> str:
+    """``redact`` for a URI that may not even parse."""
+    try:
+        return redact(uri)
+    except ValueError:
+        return "<a URI that does not parse>"
 
 
 def check_uri(uri: str) -> None:
     """Fail fast, before any training, on a tracking URI that is malformed or unreachable."""
+    uri = parse(uri)
     scheme = urlsplit(uri).scheme.split("+")[0]
-    if scheme not in _KNOWN_SCHEMES:
-        raise AmpbenchError(f"MLflow tracking URI {redact(uri)!r} is not one MLflow can use (expected "
-                            "sqlite:///path, http(s)://host:port, postgresql://…); fix or unset MLFLOW_TRACKING_URI")
     if scheme in ("http", "https"):
         import urllib.request
 

@@ -1,0 +1,80 @@
+"""The schema of what the train stage writes for the evaluate stage to read (``models/<arm>/summary.json``):
+every field evaluate uses, with its type, checked before anything is written, so a damaged or hand-edited file is
+one line naming the file and the field instead of a traceback halfway through the reports.
+
+Strict types: a string where a number belongs is refused, not converted; a boolean is not a number. Fields the
+evaluate stage does not read may be added freely (``extra="allow"``): a newer train stage's summary still reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ampbench.errors import DataError
+
+Number = float | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class SeedSummary(_Strict):
+    run_id: str | None = None
+    diverged: str | None = None
+    checkpoint: str | None = None
+    train_samples_per_s: Number = None
+    timing_windows: int | None = None
+    peak_memory_mb: Number = None
+    train_seconds: Number = None
+    skipped_steps_total: int = 0
+    optimizer_steps_total: int = 0
+    input_path: str | None = None
+    input_wait_share: Number = None
+    final: dict[str, float | str | None] = {}
+    first_nonfinite: dict[str, Any] | None = None
+    activations: list[dict[str, Any]] | None = None
+    model_uri: str | None = None
+    flops: dict[str, Any] | None = None
+
+
+class ArmSummary(_Strict):
+    arm: str
+    skipped: str | None
+    hardware: dict[str, Any]
+    model: dict[str, Any] | None = None
+    diverged: dict[str, str] | None = None
+    ablation: bool = False
+    policy: dict[str, Any] = {}
+    epochs: int | None = None
+    world_size: int = 1
+    seeds: dict[str, SeedSummary] = {}
+    samples_per_s: Number = None
+    peak_memory_mb: Number = None
+    skipped_steps: int = 0
+    optimizer_steps: int = 0
+    input_path: str | None = None
+    input_wait_share: Number = None
+    flops: dict[str, Any] | None = None
+    first_nonfinite: dict[str, dict[str, Any]] = {}
+    activations: list[dict[str, Any]] = []
+
+
+def check_summary(raw: Any, path: Path, arm: str, retrain: str) -> dict[str, Any]:
+    """``raw`` (a parsed summary.json) if it has the shape and types above and belongs to ``arm``; else one
+    DataError naming ``path``, the first wrong field and what it holds."""
+    try:
+        ArmSummary.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "the top level"
+        got = repr(err.get("input"))
+        got = got if len(got) <= 60 else got[:57] + "..."
+        raise DataError(f"{path}: field {field}: {err['msg']} (holds {got}); not a summary the train stage "
+                        f"wrote; {retrain}") from None
+    if raw["arm"] != arm:
+        raise DataError(f"{path}: says it belongs to arm {raw['arm']!r}, but it is in {arm}'s folder; {retrain}")
+    return raw
