@@ -76,6 +76,14 @@ PARAM_CASES = [
     ("text-for-classification", "prepare", {"prepare.dataset": "text"}, "prepare.dataset: text is for train.task"),
     ("text-option-on-images", "train", {"train.block_size": 32}, "train.block_size: only means something for"),
     ("gpt-for-classification", "evaluate", {"train.model": "gpt"}, "train.model: gpt is a language model"),
+    # A YAML boolean where a number belongs: pydantic reads true as 1 (train.epochs: true trained one epoch).
+    ("epochs-a-boolean", "train", {"train.epochs": True}, "train.epochs: a boolean where a number belongs"),
+    ("seed-a-boolean", "train", {"train.seeds": [0, True]}, "train.seeds.1: a boolean where a number belongs"),
+    ("margin-a-boolean", "evaluate", {"evaluate.margin.accuracy_pp": False}, "evaluate.margin.accuracy_pp: a bool"),
+    ("cap-a-boolean", "prepare", {"prepare.max_train": True}, "prepare.max_train: a boolean where a number"),
+    # A name MLflow's experiments table cannot hold was accepted, then blamed on the store.
+    ("experiment-name-beyond-the-store", "train", {"mlflow.experiment": "x" * 10_000},
+     "mlflow.experiment: String should have at most 256 characters (got 'xxx"),
 ]
 
 
@@ -262,8 +270,15 @@ def test_precision_not_in_params(tmp_path, prepared, mlflow_store, tiny_params, 
                           mlflow_store)
 
 
+# Nine lines that expand to 9^7 values wherever they are copied, hashed or logged (87 s, then MemoryError, inside
+# train.model_args): refused while counting, which stops at the limit.
+ALIAS_BOMB = "train:\n  model_args:\n    a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"    {b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdef", "bcdefg", strict=True))
+
+
 @pytest.mark.parametrize("content, expected", [(None, "no such params file"), ("train: [x\n", "not valid YAML"),
-                                               ("- a\n- b\n", "expected a mapping")])
+                                               ("- a\n- b\n", "expected a mapping"),
+                                               (ALIAS_BOMB, "train.model_args.e: more than 20,000 values")])
 def test_bad_params_files(tmp_path, prepared, mlflow_store, content, expected):
     path = tmp_path / "params.yaml"
     if content is not None:
@@ -271,6 +286,22 @@ def test_bad_params_files(tmp_path, prepared, mlflow_store, content, expected):
     before = _files(tmp_path)
     _assert_clean_failure(_invoke("train", _args("train", path, tmp_path, prepared)), expected, before, tmp_path,
                           mlflow_store)
+
+
+def test_fp32_modules_that_leave_an_arm_no_16_bit_work_are_refused(tmp_path, prepared, mlflow_store, tiny_params,
+                                                                   write_params):
+    """train.fp32_modules: ['*'] kept the whole model in float32: bf16's losses were fp32's while it was labelled,
+    compared and recommended as bf16. The FLOP census on two samples refuses it before any work."""
+    tiny_params["train"].update(precisions=["fp32", "bf16"], fp32_modules=["*"])
+    args = _args("train", write_params(tiny_params), tmp_path, prepared)
+    args[1] = "bf16"
+    before = _files(tmp_path)
+    _assert_clean_failure(_invoke("train", args), "train.fp32_modules: ['*'] keeps every module that computes in "
+                          "float32, so bf16 would run no 16-bit", before, tmp_path, mlflow_store)
+    tiny_params["train"]["fp32_modules"] = ["11"]  # the head alone: the rest still computes in bf16, so it trains
+    args = _args("train", write_params(tiny_params), tmp_path, prepared)
+    args[1] = "bf16"
+    assert _invoke("train", args).exit_code == 0
 
 
 def test_a_run_with_no_optimizer_step_fails(tmp_path, prepared, mlflow_store, monkeypatch, tiny_params, write_params):

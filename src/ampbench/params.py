@@ -249,7 +249,8 @@ class EvaluateParams(_Section):
 class MlflowParams(_Section):
     __pydantic_config__ = _FORBID_EXTRA
 
-    experiment: Annotated[str, knob("MLflow experiment name", min_length=1)] = "ampbench"
+    # 256: the experiments table's name column (MLflow's own check allows 500; PostgreSQL and MySQL stores do not)
+    experiment: Annotated[str, knob("MLflow experiment name", min_length=1, max_length=256)] = "ampbench"
     log_model: Annotated[bool, knob("mlflow.pytorch.log_model per run (loadable with mlflow.pytorch.load_model)",
                                     stages=("train",))] = True
     system_metrics_every: Annotated[float, knob(

@@ -60,6 +60,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
             summary = {"arm": arm, "skipped": str(exc), "hardware": fingerprint(device), "model": model}
             out.finished(summary, {})
             return summary
+        check_16_bit_work(arm, policy, params, data, task, device)
         out.open(params, execution_key(params, data_md5, code_version, tags))
         seeds = {}
         try:
@@ -109,6 +110,22 @@ def check_model(params: Params, data: Prepared, task: Task, device: torch.device
         except ValueError as exc:
             raise ParamsError(str(exc)) from None
     return inspect_model(spec, data.train.inputs(data.train.x[:2]), contract, device, task)
+
+
+def check_16_bit_work(arm: str, policy, params: Params, data: Prepared, task: Task, device: torch.device) -> None:
+    """Refuse, before any work, train.fp32_modules that leave a 16-bit arm no 16-bit FLOPs (e.g. ['*']): it would
+    train as fp32 while labelled, compared and recommended as the arm. Counted on two samples (flops.py)."""
+    tp = params.train
+    if not (policy.low_precision and tp.fp32_modules):
+        return
+    set_deterministic(tp.deterministic, tp.cudnn_benchmark)
+    model = policy.prepare_model(build_for(ModelSpec.from_train(tp), task.model_args(data.meta)).to(device))
+    x = policy.cast_input(data.train.inputs(data.train.x[:2]).to(device))
+    counted = count_step_flops(model, policy, x, data.train.y[:2].to(device), task)
+    if counted["per_sample"] and not counted["low_precision_share"]:
+        raise ParamsError(f"train.fp32_modules: {list(tp.fp32_modules)} keeps every module that computes in "
+                          f"float32, so {arm} would run no 16-bit matmul or convolution and only be labelled "
+                          f"{arm}; name the layers that need it (e.g. the one the report names)")
 
 
 def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dict]) -> dict[str, Any]:

@@ -5,7 +5,9 @@ the value and what is allowed, before any stage does work.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import types
 from pathlib import Path
 from typing import Any
 
@@ -151,15 +153,85 @@ def _describe(error: dict[str, Any], also: list[dict[str, Any]] = ()) -> str:
     if error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
         return f"{where}: unknown key (a typo?)"
     got = error.get("input")
-    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    text = repr(got)
+    if len(text) > 80:  # a 10,000-character name is not worth repeating
+        text = f"{text[:60]}…, {len(got)} characters" if isinstance(got, str) else f"{text[:60]}…"
+    shown = "" if isinstance(got, dict) else f" (got {text})"
     msgs = [error["msg"]] + [e["msg"] for e in also]  # a union's members: any of them would do
     return f"{where}: {', or '.join(msgs)}{shown}"
+
+
+MAX_VALUES = 20_000  # values in a whole params file once YAML aliases are expanded (the defaults: about 100)
+
+
+def _bounded(raw: Any, where: str = "", seen: list[int] | None = None) -> None:
+    """Refuse a document that expands to more than ``MAX_VALUES`` values: a YAML alias bomb (a few lines that
+    reference each other) parses cheaply but expands exponentially wherever it is copied, hashed or logged. The
+    walk stops at the limit, so it is cheap whatever the document."""
+    seen = seen if seen is not None else [0]
+    seen[0] += 1
+    if seen[0] > MAX_VALUES:
+        shown = ".".join(where.split(".")[:3]) or "params"
+        raise ParamsError(f"{shown}: more than {MAX_VALUES:,} values once YAML aliases are expanded "
+                          "(an alias bomb?); write the values out")
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            _bounded(value, f"{where}.{key}" if where else str(key), seen)
+    elif isinstance(raw, list):
+        for i, value in enumerate(raw):
+            _bounded(value, f"{where}.{i}", seen)
+
+
+def _numeric(tp: Any) -> tuple[bool, Any]:
+    """(is ``tp`` a number type that is not also bool, its element type if it is a list/tuple of them)."""
+    import typing
+
+    if typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    if typing.get_origin(tp) in (list, tuple):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return False, (args[0] if args else None)
+    members = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    members = {typing.get_args(m)[0] if typing.get_origin(m) is typing.Annotated else m for m in members}
+    return bool({int, float} & members) and bool not in members, None
+
+
+def _booleans_as_numbers(raw: Any, cls: type, where: str = "") -> str | None:
+    """The first key where a YAML boolean stands for a number (pydantic would read ``true`` as 1: one epoch)."""
+    import typing
+
+    if not (isinstance(raw, dict) and dataclasses.is_dataclass(cls)):
+        return None
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        value, key, tp = raw[f.name], f"{where}{f.name}", hints[f.name]
+        inner = typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Annotated else tp
+        if dataclasses.is_dataclass(inner):
+            found = _booleans_as_numbers(value, inner, f"{key}.")
+            if found:
+                return found
+            continue
+        number, element = _numeric(tp)
+        if number and isinstance(value, bool):
+            return key
+        if element is not None and isinstance(value, list) and _numeric(element)[0]:
+            for i, v in enumerate(value):
+                if isinstance(v, bool):
+                    return f"{key}.{i}"
+    return None
 
 
 def validate(raw: dict[str, Any] | None) -> Params:
     """Validate a params mapping; raise ParamsError naming the first bad key (and how many more there are)."""
     from pydantic import TypeAdapter, ValidationError
 
+    _bounded(raw)
+    key = _booleans_as_numbers(raw, Params)
+    if key:
+        raise ParamsError(f"{key}: a boolean where a number belongs (YAML reads true/false/yes/no/on/off as "
+                          "booleans); write the number")
     try:
         params = TypeAdapter(Params).validate_python(raw or {})
     except ValidationError as exc:
