@@ -21,6 +21,8 @@ sys.path[:0] = [str(CHECKOUT / "src"), str(CHECKOUT)]
 from ampbench import layout, procs  # noqa: E402  (needs the path above)
 from ampbench.cli import one_line  # noqa: E402
 from ampbench.errors import AmpbenchError  # noqa: E402
+from ampbench.tracking.uris import mask  # noqa: E402
+from ampbench.user_code import first_line, user_frame  # noqa: E402
 from ampbench.validation import load_params  # noqa: E402
 
 
@@ -77,7 +79,8 @@ def deterministic_cublas() -> None:
 params_option = click.option(
     "--params", "params_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("params.yaml"),
     show_default=True, help="params file to read (every stage validates the whole file first).")
-debug_option = click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
+debug_option = click.option("--debug", is_flag=True, envvar="AMPBENCH_DEBUG",
+                            help="Show the full traceback on errors (under dvc: AMPBENCH_DEBUG=1 dvc repro).")
 
 
 def folder_option(flag: str, dest: str, default: str | None, help: str):
@@ -112,5 +115,13 @@ def stage(fn):
         except KeyboardInterrupt as exc:
             click.echo(f"interrupted ({exc or 'SIGINT'}); completed outputs are kept", err=True)
             sys.exit(130)
+        except Exception as exc:  # noqa: BLE001  (an error in the user's model, data set or task code)
+            where = None if debug else user_frame(exc)
+            if where is None:  # ours, or --debug: the whole traceback
+                raise
+            click.echo(f"error: {type(exc).__name__}: {mask(first_line(exc))} — raised in your code at {where}; "
+                       "the run is marked FAILED and the stage resumes from its last epoch once fixed; "
+                       "--debug (or AMPBENCH_DEBUG=1 dvc repro) shows the whole traceback", err=True)
+            sys.exit(1)
 
     return wrapper

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, stage_command
+from conftest import ARM_RUNS, clean_env, stage_command
 
 
 def _modes(root: Path) -> dict[str, int]:
@@ -52,3 +52,63 @@ def test_outputs_and_mlflow_artifacts_are_readable_as_the_umask_allows(tmp_path,
         assert modes, folder
         unreadable = {name: oct(m) for name, m in modes.items() if m & 0o044 != 0o044}
         assert not unreadable, (folder, unreadable)
+
+
+FRAGILE = '''
+from torch import nn
+
+
+class Fragile(nn.Module):
+    """Trains a few steps, then raises: a bug in the user's own forward."""
+
+    def __init__(self, shape, classes):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(shape[0] * shape[1] * shape[2], classes))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 4:
+            raise ValueError("my layer saw a batch it cannot handle")
+        return self.net(x)
+
+
+def build(shape, classes):
+    return Fragile(shape, classes)
+'''
+
+
+@pytest.mark.slow
+def test_an_error_in_your_code_mid_training_is_one_line_naming_your_frame(tmp_path, tiny_params, write_params):
+    """It was a 46-line traceback; now the exception and the file:line in the user's module, the run FAILED, and the
+    whole traceback behind --debug (AMPBENCH_DEBUG=1 under dvc)."""
+    import mlflow
+
+    code = tmp_path / "mycode"
+    code.mkdir()
+    (code / "fragile.py").write_text(FRAGILE)
+    tiny_params["train"].update(model="fragile:build", model_code=str(code / "fragile.py"), epochs=3)
+    tiny_params["mlflow"]["log_model"] = False
+    params = write_params(tiny_params)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = clean_env(MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(code))
+
+    def train(**extra):
+        run = subprocess.run(stage_command("prepare", params, "--out", str(tmp_path / "prepared")), cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return subprocess.run(stage_command("train", params, "--precision", "fp32", "--data",
+                                            str(tmp_path / "prepared"), "--out", str(tmp_path / "models")),
+                              cwd=tmp_path, env={**env, **extra}, capture_output=True, text=True, timeout=300)
+
+    proc = train()
+    err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(err) == 1 and "ValueError: my layer saw a batch it cannot handle" in err[0], proc.stderr[-2000:]
+    assert f"raised in your code at {code / 'fragile.py'}:16 (forward)" in err[0]
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                              filter_string=ARM_RUNS)
+    assert runs and {r.info.status for r in runs} == {"FAILED"}
+    debug = train(AMPBENCH_DEBUG="1")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "fragile.py" in debug.stderr

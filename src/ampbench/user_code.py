@@ -20,6 +20,32 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _ours_or_installed(filename: str) -> bool:
+    """Is ``filename`` this library, its stage scripts, an installed package or Python itself (not the user's)?"""
+    import sysconfig
+
+    if filename.startswith("<"):  # <frozen …>, <string>: nothing a user can open
+        return True
+    path = Path(filename).resolve()
+    library = Path(__file__).resolve().parent
+    ours = (library, library.parent.parent / "pipeline")
+    python = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return (any(path.is_relative_to(p) for p in (*ours, *python))
+            or "site-packages" in path.parts or "dist-packages" in path.parts)
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """``file:line (function)`` of the deepest frame of ``exc``'s traceback that is the user's code (a model,
+    data set or task factory's module), or None when the error did not pass through any."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _ours_or_installed(f.filename)]
+    if not frames:
+        return None
+    f = frames[-1]
+    return f"{f.filename}:{f.lineno} ({f.name})"
+
+
 def source_file(name: str, key: str, error: type[AmpbenchError]) -> Path | None:
     """The file that defines ``package.module:callable`` (None if it has none, e.g. a C extension); ``key`` (the
     params key, e.g. "train.model") and ``error`` only shape the message."""
