@@ -239,3 +239,29 @@ def test_bad_factories_are_refused_in_one_line(factory_module, name, message):
     with pytest.raises(DataError, match=message) as err:
         prepare(PrepareParams(dataset=name), Path("."))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("source", ["imagefolder", "factory"])
+def test_a_resize_beyond_memory_is_refused_before_any_decoding(source, tmp_path, factory_module, monkeypatch):
+    """prepare.image_size at its maximum on a small folder tried to allocate 5.6 GB and died with a traceback; the
+    synthetic data's memory estimate now covers every source. (Available memory pinned to 1 GiB: the same on every
+    machine.)"""
+    import ampbench.hardware
+
+    monkeypatch.setattr(ampbench.hardware, "available_memory", lambda device: 2**30)
+    decoded = []
+    monkeypatch.setattr("ampbench.datasets._to_array", lambda *a: decoded.append(a) or None)
+    root = image_folder(tmp_path / "pets")  # 12 RGB images of 10×12
+    if source == "imagefolder":
+        params = PrepareParams(dataset="imagefolder", raw_dir=str(root), image_size=4096)
+        expected = f"imagefolder {root}: 12 images of 3×4096×4096 need about 3.4 GiB while prepared, this machine " \
+                   "has 1.0 GiB available; lower prepare.image_size"
+    else:
+        params = PrepareParams(dataset=f"{factory_module}:one", image_size=4096)
+        expected = "all: 50 images of 3×4096×4096 need about 56."  # float32 items: 4 bytes a value
+    with pytest.raises(DataError) as err:
+        prepare(params, root if source == "imagefolder" else tmp_path)
+    assert expected in str(err.value) and "\n" not in str(err.value) and not decoded
+    monkeypatch.undo()
+    if source == "imagefolder":  # the same folder at its own size fits
+        assert prepare(PrepareParams(dataset="imagefolder", raw_dir=str(root)), root).input_shape == (3, 12, 10)

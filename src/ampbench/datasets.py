@@ -114,6 +114,28 @@ def _to_array(img, mode: str, size: int | None) -> np.ndarray:
     return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
 
 
+# Bytes held per stored byte of an image while preparing, an estimate from the code rather than a measurement: the
+# decoded arrays, their stacked copy and a float32 pass (4 bytes per value) that computes the normalisation.
+_PREPARE_BYTES_PER_BYTE = 6
+
+
+def check_memory(count: int, shape: tuple[int, ...], bytes_per_value: int, what: str) -> None:
+    """Refuse, before decoding or resizing anything, a data set that would not fit in this machine's memory while
+    it is prepared (the synthetic data's check, for every source): one line with the sizes and the key to lower."""
+    from ampbench.hardware import available_memory
+
+    per_image = bytes_per_value
+    for d in shape:
+        per_image *= d
+    need = count * per_image * _PREPARE_BYTES_PER_BYTE
+    have = available_memory(torch.device("cpu"))
+    if need > have:
+        size = "×".join(str(d) for d in shape)
+        raise DataError(f"{what}: {count:,} images of {size} need about {need / 2**30:.1f} GiB while prepared, "
+                        f"this machine has {have / 2**30:.1f} GiB available; lower prepare.image_size (or "
+                        "prepare.max_train)")
+
+
 def load_imagefolder(root: Path, image_size: int | None) -> Raw:
     """Read an image folder (layout in the module docstring) into uint8 tensors."""
     scanned = _scan(root)
@@ -137,6 +159,9 @@ def load_imagefolder(root: Path, image_size: int | None) -> Raw:
         raise DataError(f"imagefolder: images differ in size ({f1}: {s1[0]}×{s1[1]}, {f2}: {s2[0]}×{s2[1]}); set "
                         "prepare.image_size to resize them to one square size")
     mode = "L" if modes <= set(GREY_MODES) else "RGB"
+    side = (image_size, image_size) if image_size is not None else next(iter(sizes))[::-1]
+    count = sum(len(files) for classes in scanned.values() for files in classes.values())
+    check_memory(count, (1 if mode == "L" else 3, *side), 1, f"imagefolder {root}")
     splits = {}
     for split, classes in scanned.items():
         xs, ys = [], []
@@ -189,6 +214,9 @@ def _materialise(ds: Any, where: str, image_size: int | None) -> tuple[torch.Ten
             raise DataError(f"{where}[{i}]: {type(exc).__name__}: {first_line(exc)} (items must be (image, label))"
                             ) from None
         t = _item_image(image, f"{where}[{i}]")
+        if i == 0:  # item 0 stands for all of them (they must match it, below)
+            shape = (t.shape[0], image_size, image_size) if image_size is not None else tuple(t.shape)
+            check_memory(n, shape, 1 if t.dtype == torch.uint8 else 4, where)
         if image_size is not None and tuple(t.shape[-2:]) != (image_size, image_size):
             resized = torch.nn.functional.interpolate(t[None].float(), size=(image_size, image_size),
                                                       mode="bilinear", align_corners=False, antialias=True)[0]
