@@ -94,6 +94,15 @@ data_option = folder_option("--data", "data_dir", str(layout.PREPARED),
                             "Prepared data folder (output of the prepare stage).")
 
 
+def _restore_hint() -> str:
+    """Under DVC, which deletes a stage's outputs before running it: how to get the previous ones back."""
+    name = os.environ.get("DVC_STAGE")
+    if not name:
+        return ""
+    return (f" (DVC removed {name}'s previous outputs before running it: `dvc checkout {name}` restores them from "
+            "its cache)")
+
+
 def stage(fn):
     """Wrap a stage body: load and validate params first, and turn user errors into one line and exit 2."""
 
@@ -110,7 +119,7 @@ def stage(fn):
         except (AmpbenchError, OSError) as exc:  # OSError: unwritable folder, disk full, …: file and reason
             if debug:
                 raise
-            click.echo(one_line(exc), err=True)
+            click.echo(one_line(exc) + _restore_hint(), err=True)
             sys.exit(2)
         except KeyboardInterrupt as exc:
             click.echo(f"interrupted ({exc or 'SIGINT'}); completed outputs are kept", err=True)
@@ -121,7 +130,7 @@ def stage(fn):
                 raise
             click.echo(f"error: {type(exc).__name__}: {mask(first_line(exc))} — raised in your code at {where}; "
                        "the run is marked FAILED and the stage resumes from its last epoch once fixed; "
-                       "--debug (or AMPBENCH_DEBUG=1 dvc repro) shows the whole traceback", err=True)
+                       "--debug (or AMPBENCH_DEBUG=1 dvc repro) shows the whole traceback" + _restore_hint(), err=True)
             sys.exit(1)
 
     return wrapper

@@ -452,3 +452,17 @@ def test_every_accepted_uri_form_has_one_meaning():
     assert parse("Http://127.0.0.1:5000") == "http://127.0.0.1:5000"
     assert parse("postgresql+psycopg2://u:p@db/mlflow") == "postgresql+psycopg2://u:p@db/mlflow"
     assert parse("databricks") == "databricks"
+
+
+def test_a_stage_that_fails_under_dvc_says_how_to_get_its_outputs_back(tmp_path, prepared, mlflow_store, tiny_params,
+                                                                        write_params):
+    """DVC deletes a stage's outputs before running it; when the stage then fails, the line says how to restore them
+    (DVC sets DVC_STAGE for the stage's command)."""
+    tiny_params["train"]["epochs"] = True
+    args = _args("train", write_params(tiny_params), tmp_path, prepared)
+    before = _files(tmp_path)
+    _assert_clean_failure(_invoke("train", args, env={"DVC_STAGE": "train@fp32"}),
+                          "train.epochs: a boolean where a number belongs", before, tmp_path, mlflow_store)
+    result = _invoke("train", args, env={"DVC_STAGE": "train@fp32"})
+    assert "(DVC removed train@fp32's previous outputs before running it: `dvc checkout train@fp32` restores them " \
+           "from its cache)" in result.stderr

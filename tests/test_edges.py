@@ -31,22 +31,22 @@ def test_atomic_writes_honour_the_umask(tmp_path):
     assert _modes(tmp_path) == {"shared.txt": 0o644, "private.json": 0o600}
 
 
-@pytest.mark.slow
-def test_outputs_and_mlflow_artifacts_are_readable_as_the_umask_allows(tmp_path, tiny_params, write_params):
-    """Prepared data, a model folder and the MLflow artifacts of a real train stage, under umask 022: every file
-    group- and world-readable, as a shared artifact folder or a DVC remote filled from it needs."""
+def test_outputs_and_mlflow_artifacts_are_readable_as_the_umask_allows(tmp_path, tiny_params, write_params,
+                                                                      mlflow_store):
+    """Prepared data, a model folder and the MLflow artifacts of the train stage, under umask 022: every file
+    group- and world-readable, as a shared artifact folder or a DVC remote filled from it needs. (In this process:
+    the umask is the process's, and the stages' writes are the same in a process of their own.)"""
+    from conftest import prepare_in_process, train_in_process
+
     tiny_params["mlflow"]["log_model"] = True
     params = write_params(tiny_params)
-    env = clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
-
-    def run(*cmd):
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-                              preexec_fn=lambda: os.umask(0o022))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-
-    run(*stage_command("prepare", params, "--out", str(tmp_path / "prepared")))
-    run(*stage_command("train", params, "--precision", "fp32", "--data", str(tmp_path / "prepared"),
-                       "--out", str(tmp_path / "models" / "fp32")))
+    old = os.umask(0o022)
+    try:
+        prepare_in_process(params, tmp_path / "prepared")
+        train_in_process(["--params", params, "--precision", "fp32", "--data", tmp_path / "prepared", "--out",
+                          tmp_path / "models" / "fp32", "--resume-dir", tmp_path / ".resume"], mlflow_store)
+    finally:
+        os.umask(old)
     for folder in ("prepared", "models", "mlartifacts"):
         modes = _modes(tmp_path / folder)
         assert modes, folder
@@ -112,3 +112,30 @@ def test_an_error_in_your_code_mid_training_is_one_line_naming_your_frame(tmp_pa
     assert runs and {r.info.status for r in runs} == {"FAILED"}
     debug = train(AMPBENCH_DEBUG="1")
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "fragile.py" in debug.stderr
+
+
+@pytest.mark.slow
+def test_a_request_far_larger_than_the_default_says_its_plan_and_estimate(tmp_path, tiny_params, write_params):
+    """200 seeds started 400 runs without a word about the size of what was asked. A request over 10× the default
+    run's arms × seeds × epochs prints its plan first and its estimated time after the first epoch (here the stage
+    is stopped during the second)."""
+    import sys
+
+    from conftest import ROOT, prepare_in_process
+    from test_reliability import _SIGTERM_AFTER_EPOCH
+
+    tiny_params["train"].update(precisions=["fp32"], seeds=list(range(50)), epochs=25)
+    tiny_params["mlflow"]["log_model"] = False
+    params = write_params(tiny_params)
+    data = prepare_in_process(params, tmp_path / "prepared")
+    driver = _SIGTERM_AFTER_EPOCH.format(src=str(ROOT / "src"), pipeline=str(ROOT / "pipeline"), after=2,
+                                         train=str(ROOT / "pipeline" / "train.py"))
+    proc = subprocess.run([sys.executable, "-c", driver, "--params", str(params), "--precision", "fp32", "--data",
+                           str(data), "--out", str(tmp_path / "models")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300,
+                          env=clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    assert "interrupted (SIGTERM)" in proc.stderr, proc.stderr[-3000:]
+    assert ("plan: 1 arm × 50 seeds × 25 epochs = 1,250 epochs of training, 13× the default run; the time it takes "
+            "is estimated after the first epoch") in proc.stderr
+    plan, epoch1, estimate = (proc.stderr.index(s) for s in ("plan:", "epoch 1/25", "estimate: this arm about"))
+    assert plan < epoch1 < estimate and "1,250 epochs at" in proc.stderr

@@ -20,19 +20,18 @@ from ampbench.advice import fix_line
 from ampbench.arm_outputs import ArmOutputs, SeedJob
 from ampbench.data import load_prepared
 from ampbench.determinism import seed_everything, set_deterministic
-from ampbench.errors import AmpbenchError, ArmUnavailable, ParamsError, StoreError
+from ampbench.errors import AmpbenchError, ArmUnavailable, StoreError
 from ampbench.fileio import dvc_md5, json_digest
 from ampbench.flops import count_step_flops
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.layout import ArmFiles
-from ampbench.loader import batches_per_epoch, keep_on_device
-from ampbench.model_factory import ModelSpec, build_for, inspect_model
+from ampbench.loader import keep_on_device
+from ampbench.model_factory import ModelSpec, build_for
 from ampbench.monitor import Diverged, epoch_line
 from ampbench.params import Params
-from ampbench.precision import describe_line, float32_matches, resolve_device, resolve_policy
-from ampbench.splits import Prepared
-from ampbench.task import Task
+from ampbench.precision import describe_line, resolve_device, resolve_policy
 from ampbench.tasks import resolve_task
+from ampbench.train_checks import check_16_bit_work, check_model, check_steps, estimate, request_size
 from ampbench.training import EpochRecord, LoopConfig, TrainState, fit, init_state, throughput
 
 
@@ -61,6 +60,9 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
             out.finished(summary, {})
             return summary
         check_16_bit_work(arm, policy, params, data, task, device)
+        plan = request_size(params)
+        if plan:
+            out.log(plan)
         out.open(params, execution_key(params, data_md5, code_version, tags))
         seeds = {}
         try:
@@ -87,45 +89,6 @@ def execution_key(params: Params, data_md5: str, code_version: str, tags: dict[s
     shared = {"train": train, "mlflow": params.mlflow.to_dict(), "data": data_md5, "code": code_version,
               "exp": tags.get("dvc.exp_name"), "rev": tags.get("dvc.baseline_rev")}
     return json_digest(shared, 24)
-
-
-def check_steps(params: Params, data: Prepared, world: distributed.World) -> None:
-    """Refuse, before any work, a configuration under which an epoch would run no optimizer step."""
-    n, batch = len(data.train), params.train.batch_size
-    if batches_per_epoch(n, batch, world.size) == 0:
-        raise ParamsError(f"train.batch_size: {batch} over {n} training samples and {world.size} process(es) "
-                          "gives no batch to train on (batches of one sample, or that do not split over the "
-                          "processes, are dropped)")
-
-
-def check_model(params: Params, data: Prepared, task: Task, device: torch.device) -> dict[str, Any]:
-    """Build train.model once and run a dry forward and backward on two training samples on ``device``, with
-    training's determinism settings: ModelError (one line) before any work. Returns the model's identity."""
-    tp = params.train
-    set_deterministic(tp.deterministic, tp.cudnn_benchmark)
-    spec, contract = ModelSpec.from_train(tp), task.model_args(data.meta)
-    if tp.fp32_modules:  # a pattern that matches nothing would silently leave the layer in 16 bits
-        try:
-            float32_matches(build_for(spec, contract), tp.fp32_modules)
-        except ValueError as exc:
-            raise ParamsError(str(exc)) from None
-    return inspect_model(spec, data.train.inputs(data.train.x[:2]), contract, device, task)
-
-
-def check_16_bit_work(arm: str, policy, params: Params, data: Prepared, task: Task, device: torch.device) -> None:
-    """Refuse, before any work, train.fp32_modules that leave a 16-bit arm no 16-bit FLOPs (e.g. ['*']): it would
-    train as fp32 while labelled, compared and recommended as the arm. Counted on two samples (flops.py)."""
-    tp = params.train
-    if not (policy.low_precision and tp.fp32_modules):
-        return
-    set_deterministic(tp.deterministic, tp.cudnn_benchmark)
-    model = policy.prepare_model(build_for(ModelSpec.from_train(tp), task.model_args(data.meta)).to(device))
-    x = policy.cast_input(data.train.inputs(data.train.x[:2]).to(device))
-    counted = count_step_flops(model, policy, x, data.train.y[:2].to(device), task)
-    if counted["per_sample"] and not counted["low_precision_share"]:
-        raise ParamsError(f"train.fp32_modules: {list(tp.fp32_modules)} keeps every module that computes in "
-                          f"float32, so {arm} would run no 16-bit matmul or convolution and only be labelled "
-                          f"{arm}; name the layers that need it (e.g. the one the report names)")
 
 
 def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dict]) -> dict[str, Any]:
@@ -217,6 +180,8 @@ def _fit_in_run(job: SeedJob, model: torch.nn.Module, state: TrainState, cfg: Lo
         progress.records.append(record)
         out.epoch(job, st, progress)
         out.log(epoch_line(f"seed {job.seed}", record, tp.epochs, tp.epochs - record.epoch + later_seeds * tp.epochs))
+        if record.epoch == 1 and job.seed == tp.seeds[0] and request_size(job.params):
+            out.log(estimate(record, job.params))
 
     with out.open_run(job, progress.run_id) as run_id:
         progress.run_id = run_id
