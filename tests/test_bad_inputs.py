@@ -84,6 +84,11 @@ PARAM_CASES = [
     # A name MLflow's experiments table cannot hold was accepted, then blamed on the store.
     ("experiment-name-beyond-the-store", "train", {"mlflow.experiment": "x" * 10_000},
      "mlflow.experiment: String should have at most 256 characters (got 'xxx"),
+    # Free-form values the runs log as params, beyond what MLflow keeps: failed mid-run, blaming the store.
+    ("model-arg-beyond-mlflow", "train", {"train.model_args": {"vocab": "w" * 7000}},
+     "train.model_args.vocab: 7,000 characters once logged; MLflow keeps params of at most 6,000"),
+    ("model-arg-key-beyond-mlflow", "train", {"train.model_args": {"k" * 300: 1}},
+     "a params key of 317 characters; MLflow keeps at most 250"),
 ]
 
 

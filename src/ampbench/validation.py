@@ -223,6 +223,24 @@ def _booleans_as_numbers(raw: Any, cls: type, where: str = "") -> str | None:
     return None
 
 
+MLFLOW_PARAM_KEY, MLFLOW_PARAM_VALUE = 250, 6000  # mlflow.utils.validation's limits for a run's params
+
+
+def _fits_mlflow(params: Params) -> None:
+    """Every param the runs log (flattened as ``tracking.flatten`` does) within MLflow's limits; a free-form
+    mapping (``train.model_args``) could otherwise fail the run mid-training, blaming the store."""
+    from ampbench.tracking.logs import flatten
+
+    for section in ("prepare", "train", "evaluate", "mlflow"):
+        for key, value in flatten(section, getattr(params, section).to_dict()).items():
+            if len(key) > MLFLOW_PARAM_KEY:
+                raise ParamsError(f"{key[:80]}…: a params key of {len(key)} characters; MLflow keeps at most "
+                                  f"{MLFLOW_PARAM_KEY} (shorten the names in that mapping)")
+            if len(value) > MLFLOW_PARAM_VALUE:
+                raise ParamsError(f"{key}: {len(value):,} characters once logged; MLflow keeps params of at most "
+                                  f"{MLFLOW_PARAM_VALUE:,} (pass a file path instead of the data itself)")
+
+
 def validate(raw: dict[str, Any] | None) -> Params:
     """Validate a params mapping; raise ParamsError naming the first bad key (and how many more there are)."""
     from pydantic import TypeAdapter, ValidationError
@@ -240,6 +258,7 @@ def validate(raw: dict[str, Any] | None) -> Params:
         rest = len(errors) - 1 - len(same)
         more = f" (and {rest} more)" if rest else ""
         raise ParamsError(_describe(errors[0], same) + more) from None
+    _fits_mlflow(params)
     problems = _cross_checks(params)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
