@@ -159,6 +159,15 @@ def _env_case_setup(name: str, tmp: Path, prepared: Path, params: dict):
         meta["checksum"] = "0" * 64
         (data / "meta.json").write_text(json.dumps(meta))
         return "train", {}, data, "checksum mismatch"
+    if name in ("meta-shape-a-string", "meta-sizes-missing"):  # a KeyError/TypeError traceback before
+        meta = json.loads((data / "meta.json").read_text())
+        if name == "meta-shape-a-string":
+            meta["input_shape"] = "1x8x8"
+        else:
+            del meta["sizes"]
+        (data / "meta.json").write_text(json.dumps(meta))
+        return "train", {}, data, ("field input_shape: Input should be a valid list (holds '1x8x8')"
+                                   if name == "meta-shape-a-string" else "field sizes is missing")
     if name == "data-truncated":
         blob = (data / "train.pt").read_bytes()
         (data / "train.pt").write_bytes(blob[: len(blob) // 2])
@@ -187,7 +196,8 @@ def _env_case_setup(name: str, tmp: Path, prepared: Path, params: dict):
     raise AssertionError(name)
 
 
-ENV_CASES = ["cuda-without-gpu", "data-missing", "data-checksum", "data-truncated", "data-wrong-shape",
+ENV_CASES = ["cuda-without-gpu", "data-missing", "data-checksum", "meta-shape-a-string", "meta-sizes-missing",
+             "data-truncated", "data-wrong-shape",
              "mnist-missing", "cifar-download-fails", "mlflow-uri-malformed", "mlflow-uri-unreachable",
              "output-under-a-file", "models-missing"]
 
@@ -366,6 +376,8 @@ DAMAGED = [
     ("summary-other-seeds", "summary.json", "seeds", "no result for seed(s) [0]"),
     ("history-garbage", "history.json", b"\x00\x01", "not valid JSON"),
     ("history-list", "history.json", b"[]", "not a history the train stage wrote"),
+    ("history-loss-a-word", "history.json", lambda h: h["0"][0].update(val_loss="low"),
+     "field 0.0.val_loss: Input should be a valid number (holds 'low')"),
     # Parses, but a field holds the wrong type (each one a TypeError/AttributeError traceback before): the field
     # is named, before any report is written.
     ("summary-seeds-null", "summary.json", lambda s: s.update(seeds=None), "field seeds: Input should be a valid"),

@@ -162,17 +162,21 @@ def save_prepared(data: Prepared, out_dir: Path) -> None:
 
 def load_prepared(in_dir: Path) -> Prepared:
     """Load prepared data (memory-mapped: a set larger than memory pages in as batches need it) and check it
-    against its meta.json (shapes and checksum)."""
+    against its meta.json (its fields' types, ``records``; then shapes and checksum)."""
+    from ampbench.records import check_meta  # pydantic: only where prepared data is read, not in the bench
+
     meta_path = in_dir / "meta.json"
     if not meta_path.exists():
         raise DataError(f"{meta_path} not found: run the prepare stage first (dvc repro prepare)")
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = check_meta(json.loads(meta_path.read_text()), meta_path)
         norm = None if meta.get("kind") == "tokens" else Norm(meta["scale"], tuple(meta["mean"]), tuple(meta["std"]))
         splits = {}
         for name in SPLITS:
             blob = torch.load(in_dir / f"{name}.pt", weights_only=True, mmap=True)
             splits[name] = Split(blob["x"], blob["y"], norm)
+    except DataError:
+        raise
     except Exception as exc:  # torch.load of a damaged file can raise almost anything (pickle internals)
         raise DataError(f"{in_dir}: prepared data unreadable ({type(exc).__name__}: {exc}); rerun prepare") from None
     for name, split in splits.items():

@@ -35,7 +35,7 @@ from ampbench.metrics import seed_noise, summarise_seeds
 from ampbench.model_factory import ModelSpec, build_for
 from ampbench.params import Params
 from ampbench.precision import resolve_device, resolve_policy
-from ampbench.records import check_summary
+from ampbench.records import check_history, check_summary
 from ampbench.splits import Split
 from ampbench.stats import resolve_margins
 from ampbench.tasks import resolve_task
@@ -155,6 +155,7 @@ def _evaluate_arm(arm: str, summary: dict, params: Params, task, test: Split, fo
     histories = read_json(files.history, _RETRAIN)
     if not isinstance(histories, dict):
         raise DataError(f"{files.history}: not a history the train stage wrote; {_RETRAIN}")
+    check_history(histories, files.history, _RETRAIN)
     ev = params.evaluate
     per_seed, examples = {}, {}
     for seed in params.train.seeds:
