@@ -79,10 +79,15 @@ def build(shape, classes):
 
 
 @pytest.mark.slow
-def test_an_error_in_your_code_mid_training_is_one_line_naming_your_frame(tmp_path, tiny_params, write_params):
-    """It was a 46-line traceback; now the exception and the file:line in the user's module, the run FAILED, and the
-    whole traceback behind --debug (AMPBENCH_DEBUG=1 under dvc)."""
+def test_an_error_in_your_code_mid_training_is_one_line_naming_your_frame(tmp_path, tiny_params, write_params,
+                                                                          monkeypatch):
+    """It was a 46-line traceback; now the exception and the file:line in the user's module (a real train process),
+    the run FAILED, and the whole traceback behind --debug (AMPBENCH_DEBUG=1 under dvc)."""
     import mlflow
+    from click.testing import CliRunner
+    from pipeline.train import main as train_stage
+
+    from conftest import prepare_in_process, torch_flags_restored
 
     code = tmp_path / "mycode"
     code.mkdir()
@@ -91,27 +96,22 @@ def test_an_error_in_your_code_mid_training_is_one_line_naming_your_frame(tmp_pa
     tiny_params["mlflow"]["log_model"] = False
     params = write_params(tiny_params)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = clean_env(MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(code))
-
-    def train(**extra):
-        run = subprocess.run(stage_command("prepare", params, "--out", str(tmp_path / "prepared")), cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-2000:]
-        return subprocess.run(stage_command("train", params, "--precision", "fp32", "--data",
-                                            str(tmp_path / "prepared"), "--out", str(tmp_path / "models")),
-                              cwd=tmp_path, env={**env, **extra}, capture_output=True, text=True, timeout=300)
-
-    proc = train()
+    monkeypatch.syspath_prepend(str(code))
+    data = prepare_in_process(params, tmp_path / "prepared")
+    args = ["--params", str(params), "--precision", "fp32", "--data", str(data), "--out", str(tmp_path / "models")]
+    proc = subprocess.run(stage_command("train", params, *args[2:]), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=clean_env(MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(code)))
     err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert len(err) == 1 and "ValueError: my layer saw a batch it cannot handle" in err[0], proc.stderr[-2000:]
     assert f"raised in your code at {code / 'fragile.py'}:16 (forward)" in err[0]
     mlflow.set_tracking_uri(uri)
-    runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
-                              filter_string=ARM_RUNS)
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list", filter_string=ARM_RUNS)
     assert runs and {r.info.status for r in runs} == {"FAILED"}
-    debug = train(AMPBENCH_DEBUG="1")
-    assert debug.returncode == 1 and "Traceback" in debug.stderr and "fragile.py" in debug.stderr
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with torch_flags_restored():  # --debug: the exception itself comes out, with its traceback
+        result = CliRunner().invoke(train_stage, args, env={"AMPBENCH_DEBUG": "1"})
+    assert isinstance(result.exception, ValueError) and "my layer saw a batch" in str(result.exception)
 
 
 @pytest.mark.slow
