@@ -97,7 +97,7 @@ data_option = folder_option("--data", "data_dir", str(layout.PREPARED),
 def _restore_hint() -> str:
     """Under DVC, which deletes a stage's outputs before running it: how to get the previous ones back."""
     name = os.environ.get("DVC_STAGE")
-    if not name:
+    if not name or name == "check":  # the check stage's output holds nothing worth restoring
         return ""
     return (f" (DVC removed {name}'s previous outputs before running it: `dvc checkout {name}` restores them from "
             "its cache)")

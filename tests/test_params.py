@@ -58,8 +58,10 @@ def test_precision_names_come_from_the_arm_registry():
 @pytest.mark.parametrize(
     "raw, expected",
     [
-        ({"train": {"epoch": 3}}, "train.epoch: unknown key"),
-        ({"trian": {}}, "trian: unknown key"),
+        ({"train": {"epoch": 3}}, "train.epoch: unknown key (a typo?); did you mean train.epochs?"),
+        ({"prepare": {"synthetic": {"clases": 3}}}, "prepare.synthetic.clases: unknown key (a typo?); did you mean "
+         "prepare.synthetic.classes?"),
+        ({"trian": {}}, "trian: unknown key (a typo?); did you mean train?"),
         ({"train": {"lr": 0}}, "train.lr: Input should be greater than 0"),
         ({"train": {"lr": "fast"}}, "train.lr:"),
         ({"train": {"epochs": 0}}, "train.epochs:"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from ampbench import layout
+from ampbench.params import SECTION_STAGES
 from conftest import ROOT
 
 SRC = ROOT / "src" / "ampbench"
@@ -102,6 +103,9 @@ def test_modules_and_functions_are_small_enough_to_read():
 
 def test_layout_matches_dvc_yaml():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert stages["check"]["outs"] == [str(layout.PARAMS_CHECK)]
+    assert str(layout.PARAMS_CHECK) in stages["prepare"]["deps"]  # so DVC runs check first
+    assert stages["check"]["params"] == list(SECTION_STAGES)  # every section: any change to params.yaml reruns it
     assert stages["prepare"]["outs"] == [str(layout.PREPARED)]
     assert stages["train"]["outs"] == [f"{layout.MODELS}/${{item.precision}}"]
     reports = layout.ReportFiles(layout.REPORTS)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RAW = Path("data/raw")  # the default prepare.raw_dir: downloads and user-placed raw data (git-ignored but README.md)
+PARAMS_CHECK = Path("data/params-checked.txt")  # the check stage's output: only orders it before prepare
 PREPARED = Path("data/prepared")  # the prepare stage's output
 MODELS = Path("models")  # one folder per arm: the train stages' outputs
 RESUME = Path(".resume")  # per-epoch checkpoints of unfinished arms: outside models/, which DVC empties

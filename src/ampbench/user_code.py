@@ -90,3 +90,21 @@ def require_tracked(name: str, code: str, root: Path, key: str, code_key: str, s
         shown = source
     raise ParamsError(f"{code_key}: {code} does not hold {source.name}, which defines {name}; "
                       f"set {code_key}: {shown} so that changing it reruns {stages}")
+
+
+CODE_KEYS = ("prepare.dataset_code", "train.model_code", "train.task_code")  # the paths dvc.yaml names as deps
+
+
+def require_present(paths: dict[str, str], checkout: Path, project: Path) -> None:
+    """Every code path (``paths``: params key → path relative to ``checkout``, as in dvc.yaml) must exist in
+    ``checkout``, the copy DVC runs the stages in. ``project`` is the user's project (DVC_ROOT): when it differs,
+    this is a temporary or queued experiment, whose copy holds only the files git tracks, and a file present in
+    the project but absent here is one ``git add`` away. ParamsError with one line otherwise."""
+    for key, code in paths.items():
+        if (checkout / code).exists():
+            continue
+        if checkout.resolve() != project.resolve() and (project / code).exists():
+            raise ParamsError(f"{key}: {code} is in your project but not in the copy DVC made for this experiment: "
+                              "temporary and queued experiments (dvc exp run --temp / --queue) copy only the files "
+                              f"git tracks; run `git add {code}` (no commit needed) and run the experiment again")
+        raise ParamsError(f"{key}: {code} does not exist (a path relative to the project root, as in dvc.yaml)")

@@ -148,10 +148,27 @@ def _where(error: dict[str, Any]) -> str:
     return ".".join(str(p) for p in error["loc"] if not isinstance(p, str) or p.isidentifier()) or "params"
 
 
+def _siblings(loc: tuple) -> list[str]:
+    """The keys the schema allows beside the last part of ``loc`` (a path of keys from the top of params.yaml)."""
+    import typing
+
+    cls: Any = Params
+    for part in loc[:-1]:
+        if not dataclasses.is_dataclass(cls):
+            return []
+        hint = typing.get_type_hints(cls, include_extras=True).get(part)
+        cls = typing.get_args(hint)[0] if hasattr(hint, "__metadata__") else hint
+    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+
+
 def _describe(error: dict[str, Any], also: list[dict[str, Any]] = ()) -> str:
+    import difflib
+
     where = _where(error)
     if error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
-        return f"{where}: unknown key (a typo?)"
+        close = difflib.get_close_matches(str(error["loc"][-1]), _siblings(tuple(error["loc"])), n=1)
+        return f"{where}: unknown key (a typo?)" + (f"; did you mean {where[:-len(str(error['loc'][-1]))]}{close[0]}?"
+                                                     if close else "")
     got = error.get("input")
     text = repr(got)
     if len(text) > 80:  # a 10,000-character name is not worth repeating

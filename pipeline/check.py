@@ -1,0 +1,43 @@
+"""DVC stage `check`: validate the whole params.yaml before any other stage, whatever DVC decides to rerun.
+
+Run: python pipeline/check.py [--params params.yaml]
+
+dvc.yaml makes every section of params.yaml a parameter of this stage, so any change to the file — a new key
+included, such as the `train.epoch` that DVC's `-S +train.epoch=2` adds — reruns it, and a typo stops `dvc repro`
+and `dvc exp run` with one line instead of recording an experiment in which nothing ran. It also checks that the
+code files dvc.yaml names exist in the copy DVC runs in (temporary and queued experiments copy only git-tracked
+files). Its output holds no data: prepare depends on it only so that DVC runs this stage first, and its content
+never changes, so passing the check reruns nothing else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from _common import CHECKOUT, debug_option, layout, params_option, project_root, stage
+
+
+@click.command()
+@params_option
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=layout.PARAMS_CHECK,
+              show_default=True, help="File written when the params are valid (its content never changes).")
+@debug_option
+@stage
+def main(params, out_path: Path) -> None:
+    """Validate params.yaml (the stage wrapper already did) and the code paths it names."""
+    from ampbench.fileio import atomic_write_text
+    from ampbench.user_code import CODE_KEYS, require_present
+
+    sections = params.to_dict()
+    paths = {key: sections[key.split(".")[0]][key.split(".")[1]] for key in CODE_KEYS}
+    require_present(paths, CHECKOUT, project_root())
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_path, "params.yaml is valid; the prepare stage depends on this file only so that DVC runs "
+                                "the check stage first.\n")
+    click.echo("params.yaml: valid")
+
+
+if __name__ == "__main__":
+    main()
