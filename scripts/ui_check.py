@@ -150,8 +150,11 @@ def check_plots_page(root: Path, screenshot: Path | None = None) -> list[str]:
     problems = []
     wanted = sorted(name for plot in yaml.safe_load((root / "dvc.yaml").read_text())["plots"] for name in plot)
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "-o", out], cwd=root, check=True,
-                       capture_output=True)
+        done = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "-o", out], cwd=root, check=True,
+                              capture_output=True, text=True)
+        # DVC draws an empty panel, and only warns, when it cannot read a plot's rows (a field missing in some).
+        problems += [f"dvc plots show: {line.strip()}" for line in (done.stdout + done.stderr).splitlines()
+                     if line.startswith(("WARNING", "ERROR"))]
         page_file = Path(out) / "index.html"
         if re.search(r"<script[^>]+src=", page_file.read_text()):
             problems.append("the plots page loads a script from elsewhere")

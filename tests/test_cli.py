@@ -101,16 +101,17 @@ def test_ui_prints_the_link_once_the_server_answers(tmp_path):
     from conftest import clean_env
 
     (tmp_path / "params.yaml").write_text("mlflow: {experiment: uitest}\n")
-    ui = subprocess.Popen([sys.executable, "-m", "ampbench.cli", "ui", "--root", str(tmp_path), "--port", "0"],
-                          env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    errors = tmp_path / "stderr.txt"
+    with errors.open("w") as stderr:
+        ui = subprocess.Popen([sys.executable, "-m", "ampbench.cli", "ui", "--root", str(tmp_path), "--port", "0"],
+                              env=clean_env(), stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
-        for line in ui.stdout:
-            if line.startswith("MLflow UI:"):
-                break
-        else:
-            pytest.fail(f"no link; exit {ui.wait()}")
+        line = ui.stdout.readline()  # issue 29.4: the link is the first and only line, the server's output is logged
+        if not line.startswith("MLflow UI:"):
+            pytest.fail(f"first line {line!r}; exit {ui.poll()}")
         port = int(re.match(r"MLflow UI: http://127\.0\.0\.1:(\d+)/#/experiments/", line).group(1))
-        assert port > 0
+        assert port > 0 and line.rstrip().endswith(f"the server's log: {tmp_path / 'mlflow-ui.log'})")
+        assert errors.read_text() == "" and (tmp_path / "mlflow-ui.log").read_text().strip()
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).close()  # answers already
         children = subprocess.run(["pgrep", "-P", str(ui.pid)], capture_output=True, text=True).stdout.split()
         assert children
@@ -204,7 +205,7 @@ def test_stages_write_every_report(stages):
     assert metrics["tf32"] == {"verdict": "skipped"} and "tf32 is a CUDA" in details["tf32"]["reason"]
     assert metrics["fp32"]["verdict"] == "baseline" and details["fp32"]["delta_accuracy_pp"] == 0.0
     # Δ is bf16 − fp32 of the same seed on the same examples: the three numbers agree (to the files' rounding).
-    assert metrics["bf16"]["test_accuracy"] - details["fp32"]["test_accuracy"] == pytest.approx(
+    assert details["bf16"]["test_accuracy"] - details["fp32"]["test_accuracy"] == pytest.approx(
         metrics["bf16"]["delta_accuracy_pp"] / 100, abs=2e-6)
     assert set(speed) == {"fp32", "bf16"} and set(speed["bf16"]) == {"speedup_vs_fp32", "memory_vs_fp32"}
     for png in ("curves.png", "accuracy_delta.png", "speed_memory.png"):
@@ -212,14 +213,26 @@ def test_stages_write_every_report(stages):
     assert "| bf16 |" in stages["report"]
     curves = json.loads((stages["reports"] / "curves.json").read_text())
     assert {row["run"] for row in curves} == {"fp32-seed0", "bf16-seed0"}
+    # Issue 29.4: no loss-scale line for arms without a scaler (null: DVC needs the field in every row).
+    assert all(row["loss_scale"] is None for row in curves)
+    assert all(row["val_loss"] is not None for row in curves)
+    template = json.loads((ROOT / ".dvc" / "plots" / "arms.json").read_text())["encoding"]
+    assert template["color"]["field"] == "arm" and template["strokeDash"]["field"] == "seed"  # a colour per arm
+    # Issue 29.2: not-worse verdicts beside equivalence, in comparison.json, the report and the reasons.
+    assert metrics["bf16"]["not_worse"] in ("not worse", "worse", "inconclusive")
+    assert details["bf16"]["delta_accuracy_pp_bound"] >= details["bf16"]["delta_accuracy_pp_ci_low"]
+    assert details["bf16"]["delta_loss_bound"] <= details["bf16"]["delta_loss_ci_high"]
+    assert "| arm | not worse? | equivalent? |" in stages["report"]
+    assert f"**bf16**: Accuracy: not worse? **{details['bf16']['not_worse']}**: " in stages["report"]
+    assert "one-sided 95% lower bound" in stages["report"] or "one-sided 95% upper bound" in stages["report"]
 
 
 def test_one_seed_is_said_not_hidden(stages):
     """One seed: the interval covers example sampling only, and the verdict says so instead of pretending."""
-    bf16_row, details = stages["comparison"]["bf16"], stages["details"]
-    assert bf16_row["delta_accuracy_pp_ci_low"] < bf16_row["delta_accuracy_pp_ci_high"]
+    details = stages["details"]
+    assert details["bf16"]["delta_accuracy_pp_ci_low"] < details["bf16"]["delta_accuracy_pp_ci_high"]
     assert details["bf16"]["paired_examples"] == len(load_prepared(stages["data"]).test)  # 1 seed × every example
-    assert "with 1 seed, seed-to-seed variation is not in the interval" in stages["report"]
+    assert "with 1 seed, the seed-to-seed variation was not measured (it is not in the interval)" in stages["report"]
     first = stages["report"].splitlines()[2]  # the recommendation opens the report; bf16's speed varies by CPU
     assert first.startswith("**Recommendation: ") and "Measured on a CPU" in first
 
@@ -260,7 +273,7 @@ def test_each_arm_run_holds_its_own_numbers(stages):
     assert not [k for k in bf16.metrics if k.startswith(("arm.", "fp32."))]  # arm-level values: on the parent
     assert bf16.tags["verdict"] == "inconclusive" and bf16.tags["precision"] == "bf16"
     assert bf16.tags["dvc.data_md5"] == dvc_md5(stages["data"])
-    assert bf16.metrics["test_acc"] == pytest.approx(metrics["bf16"]["test_accuracy"], abs=1e-6)
+    assert bf16.metrics["test_acc"] == pytest.approx(stages["details"]["bf16"]["test_accuracy"], abs=1e-6)
     assert bf16.metrics["d_acc_pp"] == pytest.approx(metrics["bf16"]["delta_accuracy_pp"], abs=1e-3)  # one seed
     assert bf16.metrics["speed_x"] == speed["bf16"]["speedup_vs_fp32"]
 

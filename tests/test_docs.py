@@ -63,7 +63,7 @@ def test_readme_layout_names_every_library_module():
     modules = {p.stem for p in library.glob("*.py")} - {"__init__"}
     assert (modules | packages) - named == set(), "modules missing from the README's layout"
     inside = {p.stem for package in packages for p in (library / package).glob("*.py")}
-    others = {"prepare", "train", "evaluate", "my_model", "overflow_model",  # pipeline/ and examples/
+    others = {"check", "prepare", "train", "evaluate", "my_model", "overflow_model",  # pipeline/ and examples/
               "pipeline", "scripts", "examples", "data", "raw", "prepared", "tests", "docs", "ampbench"}  # folders
     assert named - modules - packages <= inside | others, "the README's layout names modules that no longer exist"
 
@@ -73,4 +73,4 @@ def test_the_commands_the_end_to_end_tests_run_are_the_intended_ones():
     assert "examples.my_model:build" in _readme_command(".venv/bin/dvc exp run --temp -S train.model=examples.")
     assert _readme_command(".venv/bin/dvc exp run --temp -S 'train.precisions=[fp32,bf16]'").endswith(
         "-S 'train.seeds=[0,1,2,3,4]'")
-    assert _readme_command(".venv/bin/dvc exp show --only-changed")
+    assert "not_worse|speedup_vs_fp32" in _readme_command(".venv/bin/dvc exp show --drop")

@@ -160,9 +160,12 @@ def test_the_pipeline_trains_and_judges_a_language_model_by_its_loss(lm_run):
     # The DVC columns are the loss's: nats per token, and perplexity for the baseline.
     assert set(comparison["fp32"]) == {"verdict", "test_loss", "perplexity", "margin_loss"}
     assert comparison["fp32"]["perplexity"] == pytest.approx(math.exp(comparison["fp32"]["test_loss"]), rel=1e-4)
-    assert set(comparison["bf16"]) >= {"verdict", "test_loss", "delta_loss", "delta_loss_ci_low", "delta_loss_ci_high"}
+    assert set(comparison["bf16"]) >= {"not_worse", "verdict", "delta_loss", "delta_loss_bound"}
     assert comparison["bf16"]["verdict"] in ("equivalent", "inconclusive", "worse", "better")
     assert details["bf16"]["verdict"] == details["bf16"]["loss_verdict"]  # the loss decides
+    assert details["bf16"]["not_worse"] == details["bf16"]["loss_not_worse"] in ("not worse", "worse", "inconclusive")
+    assert details["bf16"]["accuracy_not_worse"] in ("not worse", "worse", "inconclusive")
+    assert details["bf16"]["delta_loss_bound"] <= details["bf16"]["delta_loss_ci_high"]  # one-sided: the upper
     assert details["bf16"]["accuracy_verdict"] in ("equivalent", "inconclusive", "worse", "better")
     # Sequences are the paired examples: 2 seeds × the test split's sequences.
     n_test = (meta["sizes"]["test"] - 1) // 16

@@ -15,17 +15,15 @@ from scipy import stats as st
 
 from ampbench.stats import (
     SeedNoise,
-    against_noise,
     cluster_variances,
-    differs_from_zero,
     paired_accuracy,
     paired_ci,
     paired_mean,
     resolve_margins,
     tango_interval,
     tango_statistic,
-    verdict,
 )
+from ampbench.verdicts import against_noise, differs_from_zero, not_worse, one_sided_level, verdict
 
 Z95 = st.norm.ppf(0.975)
 MARGIN = 0.005  # 0.5 pp, the default
@@ -220,3 +218,42 @@ def test_the_difference_is_judged_against_seed_noise():
     assert label == "within" and text == "smaller than fp32's own seed-to-seed variation (±1.00 pp)"
     assert against_noise(s, 0.01)[0] == "not separable"
     assert against_noise(s, None)[0] == "unknown"
+
+
+def test_not_worse_reads_the_one_sided_bound_on_the_bad_side():
+    """Accuracy: the lower bound decides (≥ −margin, the end included); loss: the upper bound (≤ +margin)."""
+    from ampbench.stats import PairedSummary
+
+    def s(lo, hi, n=3):
+        return PairedSummary(n, (lo + hi) / 2, 0.01, lo, hi, confidence=one_sided_level(0.95))
+
+    assert not_worse(s(-0.005, 0.09), MARGIN)[0] == "not worse"  # far better, still not worse
+    assert not_worse(s(-0.0051, 0.001), MARGIN)[0] == "inconclusive"
+    assert not_worse(s(-0.02, -0.006), MARGIN)[0] == "worse"
+    assert not_worse(s(-0.09, 0.005), 0.005, higher_is_better=False)[0] == "not worse"  # loss: lower is better
+    assert not_worse(s(0.006, 0.02), 0.005, higher_is_better=False)[0] == "worse"
+    label, reason = not_worse(s(-0.004, 0.01), MARGIN, True, " pp", 100)
+    assert reason == "the one-sided 95% lower bound -0.40 pp is within the margin -0.50 pp"
+    assert "the seed-to-seed variation was not measured" in not_worse(s(-0.004, 0.01, n=1), MARGIN)[1]
+    assert not_worse(PairedSummary(2, math.nan, math.nan, None, None, finite=False), MARGIN)[0] == "invalid"
+
+
+@pytest.mark.parametrize("pattern", ["independent", "clustered"])
+def test_one_sided_bounds_cover_at_their_level(pattern):
+    """Issue 29.2: coverage of the one-sided bound (the interval at 2·0.95 − 1 = 90%, one end) by simulation:
+    the true difference lies above the lower bound in ≥ ~95% of replicates, for accuracy and for loss."""
+    rng = np.random.default_rng(29)
+    level, hits_acc, hits_loss, reps = one_sided_level(0.95), 0, 0, 300
+    for _ in range(reps):
+        if pattern == "independent":
+            u = rng.random((3, 400))
+            arm, ref = ~(u < 0.006), ~((u >= 0.006) & (u < 0.008))
+            true_acc = 0.002 - 0.006
+        else:
+            fragile = rng.random(300) < 0.04
+            arm, ref = ~(fragile & (rng.random((3, 300)) < 0.5)), np.ones((3, 300), dtype=bool)
+            true_acc = -0.04 * 0.5
+        hits_acc += paired_accuracy(arm, ref, level).ci_low <= true_acc
+        d = rng.normal(0.01, 0.05, arm.shape[1]) + rng.normal(0, 0.02, arm.shape)  # example + seed × example
+        hits_loss += paired_mean(d - 0.0, level).ci_high >= 0.01
+    assert hits_acc / reps >= 0.93 and hits_loss / reps >= 0.93

@@ -5,11 +5,17 @@ import pytest
 from ampbench.advice import recommendation
 
 
-def row(verdict="equivalent", loss_verdict="equivalent", speed=1.0, memory=1.0, skipped=0, steps=1000, **extra):
+def row(verdict="equivalent", loss_verdict="equivalent", speed=1.0, memory=1.0, skipped=0, steps=1000,
+        not_worse=None, loss_not_worse=None, **extra):
+    """An arm's merged row; the not-worse verdicts follow the equivalence ones unless given."""
+    follow = {"equivalent": "not worse", "better": "not worse", "baseline": "baseline"}
     return {"status": "ok", "ablation": False, "verdict": verdict, "loss_verdict": loss_verdict,
+            "not_worse": not_worse or follow.get(verdict, verdict),
+            "loss_not_worse": loss_not_worse or follow.get(loss_verdict, loss_verdict),
             "samples_per_s": 1000 * speed, "speedup_vs_fp32": speed, "memory_vs_fp32": memory,
             "skipped_steps": skipped, "optimizer_steps": steps, "delta_accuracy_pp": -0.05,
-            "delta_accuracy_pp_ci_low": -0.3, "delta_accuracy_pp_ci_high": 0.2, **extra}
+            "delta_accuracy_pp_ci_low": -0.3, "delta_accuracy_pp_ci_high": 0.2, "delta_accuracy_pp_bound": -0.25,
+            **extra}
 
 
 GPU = {"device_type": "cuda"}
@@ -29,11 +35,46 @@ def test_an_unhealthy_scaler_or_a_non_equivalent_verdict_rules_an_arm_out():
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"),
               "fp16": row(speed=4.5, skipped=300, steps=1000), "bf16": row(speed=4.2, loss_verdict="inconclusive"),
               "tf32": row(speed=1.8, verdict="worse")}
-    line, code = recommendation(merged, GPU)
+    line, code = recommendation(merged, {**GPU, "seeds": [0, 1, 2]})
     assert line.startswith("**Recommendation: stay on fp32.**") and code == ""
     assert "fp16: its scaler skipped 300 of 1000 optimizer steps" in line
     assert "bf16: loss inconclusive" in line and "tf32: accuracy worse" in line
-    assert "dvc exp run --temp -S 'train.seeds=[0,1,2,3,4]'" in line  # an inconclusive verdict: more seeds would help
+    assert "dvc exp run --temp -S 'train.seeds=[0,1,2,3,4,5]'" in line  # inconclusive: more seeds would help
+
+
+def test_the_more_seeds_advice_is_derived_from_the_seeds_that_ran():
+    """Issue 29.4: the advice once suggested `train.seeds=[0,1,2,3,4]` after a run with exactly those seeds."""
+    merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"), "bf16": row(speed=2.0, verdict="inconclusive")}
+    line, _ = recommendation(merged, {**GPU, "seeds": [0, 1, 2, 3, 4]})
+    assert "'train.seeds=[0,1,2,3,4,5,6,7,8,9]'" in line
+    line, _ = recommendation(merged, {**GPU, "seeds": [7]})
+    assert "'train.seeds=[7,0,1]'" in line
+
+
+def test_a_better_arm_is_not_worse_and_can_be_recommended_with_a_warning_beyond_seed_noise():
+    """Issue 29.2: "bf16 better (+6.67 pp)" with "stay on fp32" read as a contradiction. Non-inferiority decides:
+    a better arm passes it; being better by more than fp32's seed noise earns a note, not a celebration."""
+    merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"),
+              "bf16": row(speed=1.5, verdict="better", loss_verdict="better", vs_seed_noise="beyond",
+                           delta_accuracy_pp=6.67, delta_accuracy_pp_bound=3.1)}
+    line, code = recommendation(merged, GPU)
+    assert line.startswith("**Recommendation: switch to bf16.**") and "dtype=torch.bfloat16" in code
+    assert "not worse than fp32 (Δaccuracy +6.67 pp, one-sided lower bound +3.10 pp; equivalence: better)" in line
+    assert "Note: bf16 is better than fp32 by more than fp32's own seed-to-seed variation (Δaccuracy +6.67 pp)" in line
+    merged["bf16"]["vs_seed_noise"] = "not separable"
+    assert "Note:" not in recommendation(merged, GPU)[0]
+
+
+def test_not_worse_decides_even_when_equivalence_is_inconclusive():
+    """An interval that reaches past +margin (the arm might be better by more than the margin) leaves equivalence
+    inconclusive, but the question asked — did anything degrade? — is answered."""
+    merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"),
+              "bf16": row(speed=1.3, verdict="inconclusive", not_worse="not worse")}
+    line, _ = recommendation(merged, GPU)
+    assert line.startswith("**Recommendation: switch to bf16.**") and "equivalence: inconclusive" in line
+    merged["bf16"]["loss_not_worse"] = "inconclusive"
+    line, _ = recommendation(merged, GPU)
+    assert line.startswith("**Recommendation: stay on fp32.**") and "bf16: loss inconclusive" in line
 
 
 def test_bf16_adopts_with_autocast_only_and_ablations_are_never_recommended():
@@ -49,7 +90,7 @@ def test_on_cpu_slow_arms_mean_stay_on_fp32_and_the_line_says_a_gpu_differs():
               "bf16": row(speed=0.15), "tf32": {"status": "skipped", "verdict": "skipped", "ablation": False}}
     line, _ = recommendation(merged, {"device_type": "cpu"})
     assert line.startswith("**Recommendation: stay on fp32.**")
-    assert "fp16: equivalent, but 0.14× fp32's samples/s" in line and "tf32: skipped" in line
+    assert "fp16: not worse, but 0.14× fp32's samples/s" in line and "tf32: skipped" in line
     assert "Measured on a CPU" in line and "dvc exp run" not in line
 
 
@@ -64,3 +105,18 @@ def test_an_input_bound_run_is_named_in_the_recommendation():
               "bf16": row(speed=1.2, input_wait_share=0.6), "fp16": row(speed=1.3, input_wait_share=0.05)}
     line, _ = recommendation(merged, GPU)
     assert "Input-bound (fp32, bf16): the speed ratios show the input pipeline more than the precision." in line
+
+
+@pytest.mark.parametrize("flags, says, not_says", [
+    ("avx512_bf16,f16c", "bf16: it has AVX512_BF16, so bf16 autocast runs native kernels", "lacks AVX512-BF16"),
+    ("avx512_bf16,amx_bf16,avx512_fp16,amx_fp16,f16c", "fp16: it has AMX_FP16 and AVX512_FP16", "lacks"),
+    ("f16c", "bf16: it lacks AVX512-BF16 and AMX-BF16, so bf16 autocast is emulated", "it has"),
+    ("none", "fp16: it lacks AVX512-FP16 and AMX-FP16", "it has"),
+])
+def test_the_cpu_note_says_what_this_cpu_has(flags, says, not_says):
+    """Issue 29.4: the note explained slowness "without AVX512-BF16/AMX" on a CPU that had both."""
+    from ampbench.advice import cpu_note
+
+    note = cpu_note(flags)
+    assert note.startswith(f"CPU run. This CPU's 16-bit instructions: {flags}.") and says in note
+    assert not_says not in note

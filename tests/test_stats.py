@@ -7,7 +7,8 @@ import torch
 
 from ampbench.errors import AmpbenchError
 from ampbench.evaluate_stage import check_fingerprints
-from ampbench.stats import expected_calibration_error, paired_ci, verdict
+from ampbench.stats import expected_calibration_error, paired_ci
+from ampbench.verdicts import verdict
 
 T_975_DF2 = 4.302652729911275  # Student t quantile, 97.5%, 2 degrees of freedom (tables)
 T_975_DF4 = 2.7764451051977987
@@ -138,7 +139,7 @@ def test_an_arm_with_a_non_finite_loss_is_reported_invalid_not_a_crash(tmp_path)
     model = {"name": "small_cnn", "args": {}, "width": None, "parameters": 1, "flops_per_sample": 1}
     text = markdown_report(reports, {a: {**comparison[a], **speed[a]} for a in comparison},
                            {"model": model, "seeds": [0, 1, 2], "margins": margins, "noise": noise}, ("", ""))
-    assert "Loss: invalid: a value is not finite" in text
+    assert "Loss: not worse? **invalid**: a value is not finite" in text and "equivalent? invalid: a value" in text
     path = tmp_path / "details.json"
     atomic_write_json(path, details)
     assert json.loads(path.read_text())["fp16_pure"]["delta_loss"] is None  # null, not the invalid JSON NaN

@@ -17,18 +17,44 @@ NO_EFFECT_SHARE = 0.05  # an autocast arm with less of its matmul/conv/attention
 
 
 def _why_not(arm: str, c: dict[str, Any], task=None) -> str | None:
-    """Why ``arm`` cannot be recommended (None: it can, speed aside): both verdicts must be equivalent, the
-    deciding one first, under the task's names for them."""
+    """Why ``arm`` cannot be recommended (None: it can, speed aside): it must be *not worse* than fp32 on both
+    metrics (the tutorial's "confirm nothing degraded"), the deciding one first, under the task's names for them."""
     if c["status"] != "ok":
         return f"{arm}: {c['status']}"
     acc, loss = getattr(task, "accuracy_label", "accuracy"), getattr(task, "loss_label", "loss")
-    checks = (((loss, "verdict"), (acc, "accuracy_verdict")) if decided_by_loss(task)
-              else ((acc, "verdict"), (loss, "loss_verdict")))
-    why = [f"{what} {c[key]}" for what, key in checks if c[key] != "equivalent"]
+    checks = (((loss, "not_worse"), (acc, "accuracy_not_worse")) if decided_by_loss(task)
+              else ((acc, "not_worse"), (loss, "loss_not_worse")))
+    why = [f"{what} {c.get(key, 'not judged')}" for what, key in checks if c.get(key) != "not worse"]
     steps, skipped = c.get("optimizer_steps") or 0, c.get("skipped_steps") or 0
     if skipped > HEALTHY_SKIP_SHARE * steps:
         why.append(f"its scaler skipped {skipped} of {steps} optimizer steps")
     return f"{arm}: {' and '.join(why)}" if why else None
+
+
+def better_than_seed_noise(arm: str, c: dict[str, Any], task=None) -> str | None:
+    """A warning when a 16-bit arm beats fp32 by more than fp32's own seed-to-seed variation: rounding alone
+    rarely helps that much, so a difference that size is worth understanding before it is celebrated."""
+    if c.get("status") != "ok" or c.get("vs_seed_noise") != "beyond":
+        return None
+    by_loss = decided_by_loss(task)
+    delta = c.get("delta_loss") if by_loss else c.get("delta_accuracy_pp")
+    if delta is None or (delta >= 0 if by_loss else delta <= 0):
+        return None
+    shown = f"Δloss {delta:+.4f} nats" if by_loss else f"Δaccuracy {delta:+.2f} pp"
+    return (f"{arm} is better than fp32 by more than fp32's own seed-to-seed variation ({shown}): worth "
+            "understanding (an under-trained or differently regularised fp32 run, a data or evaluation difference) "
+            "before it is counted as a gain")
+
+
+def more_seeds(seeds: list[int]) -> list[int]:
+    """Twice as many seeds as ran (at least 3), keeping those that ran: the t quantile and the standard error of
+    the per-seed mean both shrink."""
+    out, k = list(seeds), 0
+    while len(out) < max(2 * len(seeds), 3):
+        if k not in out:
+            out.append(k)
+        k += 1
+    return out
 
 
 def input_bound(merged: dict[str, dict]) -> list[str]:
@@ -37,17 +63,19 @@ def input_bound(merged: dict[str, dict]) -> list[str]:
 
 
 def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[str, str]:
-    """(one line, code): the fastest arm whose accuracy and loss verdicts are both equivalent, whose scaler stayed
+    """(one line, code): the fastest arm that is *not worse* than fp32 on accuracy and loss, whose scaler stayed
     healthy and which is measurably faster than fp32, with its speed and memory gain and the code that adopts it;
-    or "stay on fp32" and why. ``merged``: comparison and speed rows per arm."""
+    or "stay on fp32" and why. A better arm can be recommended; one better by more than fp32's seed noise carries
+    a warning. ``merged``: comparison and speed rows per arm."""
+    task = context.get("task")
     candidates = {a: c for a, c in merged.items() if a != BASELINE and not c.get("ablation")}
     reasons, fit = [], []
     for arm, c in candidates.items():
-        why = _why_not(arm, c, context.get("task"))
+        why = _why_not(arm, c, task)
         if why:
             reasons.append(why)
         elif (c.get("speedup_vs_fp32") or 0) < MIN_SPEEDUP:
-            reasons.append(f"{arm}: equivalent, but {c.get('speedup_vs_fp32') or 0:.2f}× fp32's samples/s")
+            reasons.append(f"{arm}: not worse, but {c.get('speedup_vs_fp32') or 0:.2f}× fp32's samples/s")
         else:
             fit.append(arm)
     cpu = (" Measured on a CPU: mixed-precision speed on a GPU is a different story; rerun there before "
@@ -56,27 +84,37 @@ def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[st
     if bound:
         cpu += (f" Input-bound ({', '.join(bound)}): the speed ratios show the input pipeline more than the "
                 "precision.")
+    warnings = "".join(f" Note: {w}." for w in (better_than_seed_noise(a, c, task) for a, c in candidates.items())
+                       if w)
     if fit:
         best = max(fit, key=lambda a: merged[a]["samples_per_s"])
         c = merged[best]
         vs_tf32 = (f", {c['speedup_vs_tf32']:.2f}× tf32's" if c.get("speedup_vs_tf32") and best != TF32_REFERENCE
                    else "")
         memory = f", {c['memory_vs_fp32']:.2f}× its peak memory" if c.get("memory_vs_fp32") else ""
-        if decided_by_loss(context.get("task")):  # a language model
-            what = (f"Loss per token and next-token accuracy are equivalent to fp32 (Δloss {c['delta_loss']:+.4f} "
-                    f"[{c['delta_loss_ci_low']:+.4f}, {c['delta_loss_ci_high']:+.4f}] nats per token)")
-        else:
-            what = (f"Accuracy and loss are equivalent to fp32 (Δaccuracy {c['delta_accuracy_pp']:+.2f} pp "
-                    f"[{c['delta_accuracy_pp_ci_low']:+.2f}, {c['delta_accuracy_pp_ci_high']:+.2f}])")
-        line = (f"**Recommendation: switch to {best}.** {what}, the loss scaler stayed healthy, and it runs at "
-                f"{c['speedup_vs_fp32']:.2f}× fp32's samples/s{vs_tf32}{memory}. In your own training step:{cpu}")
+        line = (f"**Recommendation: switch to {best}.** {_not_worse_text(c, task)}, the loss scaler stayed healthy, "
+                f"and it runs at {c['speedup_vs_fp32']:.2f}× fp32's samples/s{vs_tf32}{memory}.{warnings} In your own "
+                f"training step:{cpu}")
         return line, adoption_code(get_arm(best), "cuda" if context.get("device_type") != "cpu" else "cpu")
-    inconclusive = any(c.get("verdict") == "inconclusive" or c.get("loss_verdict") == "inconclusive"
+    inconclusive = any("inconclusive" in (c.get("not_worse"), c.get("loss_not_worse"), c.get("accuracy_not_worse"))
                        for c in candidates.values())
-    more = (" More seeds narrow the intervals: `dvc exp run --temp -S 'train.seeds=[0,1,2,3,4]'`."
+    seeds = more_seeds(context.get("seeds") or [0, 1, 2])
+    more = (f" More seeds narrow the intervals: `dvc exp run --temp -S 'train.seeds=[{','.join(map(str, seeds))}]'`."
             if inconclusive else "")
     why = "; ".join(reasons) if reasons else "no mixed-precision arm was trained"
-    return f"**Recommendation: stay on fp32.** No arm is both equivalent and faster ({why}).{more}{cpu}", ""
+    return (f"**Recommendation: stay on fp32.** No arm is both not worse and faster ({why}).{more}{warnings}{cpu}",
+            "")
+
+
+def _not_worse_text(c: dict[str, Any], task) -> str:
+    """What the recommended arm's verdicts say: not worse, with the one-sided bound, and equivalent or not."""
+    also = "; equivalent as well" if c.get("verdict") == "equivalent" else f"; equivalence: {c.get('verdict')}"
+    if decided_by_loss(task):  # a language model
+        return (f"Loss per token and next-token accuracy are not worse than fp32 (Δloss {c['delta_loss']:+.4f} "
+                f"nats per token, one-sided upper bound {c.get('delta_loss_bound', c['delta_loss_ci_high']):+.4f}"
+                f"{also})")
+    return (f"Accuracy and loss are not worse than fp32 (Δaccuracy {c['delta_accuracy_pp']:+.2f} pp, one-sided "
+            f"lower bound {c.get('delta_accuracy_pp_bound', c['delta_accuracy_pp_ci_low']):+.2f} pp{also})")
 
 
 def fix_line(modules: list[str]) -> str:
@@ -106,3 +144,21 @@ def no_effect(arm: ArmReport) -> bool:
     flops, policy = arm.numerics.get("flops"), arm.train.get("policy") or {}
     return bool(flops and flops["total"] and policy.get("autocast_dtype", "off") != "off"
                 and flops["low_precision_share"] < NO_EFFECT_SHARE)
+
+
+def cpu_note(flags: str) -> str:
+    """The report's note on a CPU run, from the 16-bit instructions this CPU reports (``hardware.cpu_info``'s
+    comma-separated ``cpu_16bit_flags``, or "none"): what bf16 and fp16 autocast can use here."""
+    have = set(flags.split(",")) - {"none"}
+    bf16 = " and ".join(f.upper() for f in sorted({"avx512_bf16", "amx_bf16"} & have))
+    fp16 = " and ".join(f.upper() for f in sorted({"avx512_fp16", "amx_fp16"} & have))
+    bf16_text = (f"it has {bf16}, so bf16 autocast runs native kernels for matmuls and convolutions (other ops "
+                 "still convert to and from fp32)" if bf16 else
+                 "it lacks AVX512-BF16 and AMX-BF16, so bf16 autocast is emulated through fp32 and often slower "
+                 "than fp32")
+    fp16_text = (f"it has {fp16}, though PyTorch's CPU fp16 kernels are few, so fp16 autocast is often still "
+                 "slower than fp32" if fp16 else
+                 "it lacks AVX512-FP16 and AMX-FP16, so fp16 autocast is emulated and usually several times slower")
+    return (f"CPU run. This CPU's 16-bit instructions: {flags}. bf16: {bf16_text}; fp16: {fp16_text}. "
+            "Mixed-precision speed-ups are mainly a GPU tensor-core effect. Memory on CPU is the process's peak RSS "
+            "(imports included). Speeds are reported as measured.")

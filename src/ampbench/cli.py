@@ -58,10 +58,15 @@ def one_line_errors(fn):
               help="Seconds to wait for the server to answer before giving up.")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Server worker processes (about 200 MB each); one serves a user on this machine.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="File the server's own output goes to  [default: mlflow-ui.log under --root]")
 @click.option("--dry-run", is_flag=True, help="Print the command and link, do not start the server.")
 @one_line_errors
-def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, workers: int, dry_run: bool) -> None:
+def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, workers: int, log_path: Path | None,
+       dry_run: bool) -> None:
     """Start the MLflow UI on the pipeline's store; print the link to its training-runs table once it answers.
+
+    The server's output (a screenful of start-up lines) goes to a log file, so the link is what you see.
 
     The store URI reaches the server through its environment (MLFLOW_BACKEND_STORE_URI), never its command line,
     which every user of the machine can read with `ps`. MLflow's job runner (GenAI jobs: a pool of worker
@@ -75,16 +80,20 @@ def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, wo
     if not dry_run:
         port = _free_port(host, port)
     uri, _ = tracking.store_uris(root)
+    import logging
+
+    for noisy in ("mlflow.store.db.utils", "alembic"):  # a new store's "Creating initial tables…": not for the user
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     exp_id = tracking.setup(root, name)
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", str(workers)]
     # The UI opens experiments in its GenAI view by default; this query opens the runs table instead.
     link = f"http://{host}:{port}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
-    click.echo(f"MLFLOW_BACKEND_STORE_URI={tracking.redact(uri)} {' '.join(cmd)}")
     if dry_run:
+        click.echo(f"MLFLOW_BACKEND_STORE_URI={tracking.redact(uri)} {' '.join(cmd)}")
         click.echo(f"MLflow UI: {link}")
         return
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, "MLFLOW_BACKEND_STORE_URI": uri}
-    _serve(cmd, env, host, port, wait, link)
+    _serve(cmd, env, host, port, wait, link, log_path or root / "mlflow-ui.log")
 
 
 def _free_port(host: str, port: int) -> int:
@@ -102,9 +111,9 @@ def _free_port(host: str, port: int) -> int:
         return probe.getsockname()[1]
 
 
-def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: float, link: str) -> None:
-    """Run the server; print ``link`` once /health answers; stop it on Ctrl-C or SIGTERM. One-line errors: the
-    server exiting early, no answer within ``wait`` seconds.
+def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: float, link: str, log: Path) -> None:
+    """Run the server with its output in ``log``; print ``link`` once /health answers; stop it on Ctrl-C or
+    SIGTERM. One-line errors: the server exiting early (with the log's last line), no answer within ``wait`` s.
 
     The server runs in a process group of its own, and stopping it stops the whole group: `mlflow server` starts
     uvicorn workers and job consumers (≈ 200 MB each) that outlive their parent when only it is signalled.
@@ -117,13 +126,17 @@ def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: floa
     from ampbench.errors import AmpbenchError
 
     procs.handle_signals_once()  # SIGTERM (a supervisor, `kill`) unwinds like Ctrl-C: the server is stopped below
-    server = subprocess.Popen(cmd, env=env, start_new_session=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        server = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + wait
         while True:
             if server.poll() is not None:
+                lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+                last = f": {lines[-1].strip()[:300]}" if lines else ""
                 raise AmpbenchError(f"the MLflow server exited with code {server.returncode} before answering "
-                                    "(its output is above)")
+                                    f"(its output is in {log}{last})")
             try:
                 urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2).close()
                 break
@@ -132,7 +145,7 @@ def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: floa
                     raise AmpbenchError(f"the MLflow server did not answer on {host}:{port} within {wait:g} s; "
                                         "stopped it") from None
                 time.sleep(0.5)
-        click.echo(f"MLflow UI: {link}  (Ctrl-C stops it)")
+        click.echo(f"MLflow UI: {link}  (Ctrl-C stops it; the server's log: {log})")
         server.wait()
     except KeyboardInterrupt:
         pass

@@ -12,14 +12,8 @@ from typing import Any
 import numpy as np
 
 from ampbench.arms import BASELINE, TF32_REFERENCE
-from ampbench.stats import (
-    Margins,
-    SeedNoise,
-    against_noise,
-    differs_from_zero,
-    paired_ci,
-    verdict,
-)
+from ampbench.stats import Margins, SeedNoise, paired_ci
+from ampbench.verdicts import against_noise, differs_from_zero, not_worse, one_sided_level, verdict
 
 
 def decided_by_loss(task) -> bool:
@@ -90,8 +84,14 @@ def paired_statistics(per_seed: dict[int, dict[str, float]], arm: Outcomes, ref:
                  else "")
         out["accuracy_verdict_reason"] += f" ({flips}the difference is {noise_text})"
         out["loss_verdict_reason"] += f" (the difference is {loss_noise_text})"
+    # Non-inferiority ("did anything degrade?"): the ends of the interval at 2·confidence − 1 are one-sided bounds.
+    acc1, loss1 = task.paired(arm.arrays, ref.arrays, one_sided_level(confidence), finite)
+    out["accuracy_not_worse"], out["accuracy_not_worse_reason"] = not_worse(acc1, margins.accuracy, True, " pp", 100)
+    out["loss_not_worse"], out["loss_not_worse_reason"] = not_worse(loss1, margins.loss, False, " nats", digits=4)
+    out["accuracy_bound"], out["loss_bound"] = acc1.ci_low, loss1.ci_high  # the bad side of each
     decided = "loss" if decided_by_loss(task) else "accuracy"
     out["verdict"], out["verdict_reason"] = out[f"{decided}_verdict"], out[f"{decided}_verdict_reason"]
+    out["not_worse"], out["not_worse_reason"] = out[f"{decided}_not_worse"], out[f"{decided}_not_worse_reason"]
     out["vs_seed_noise"] = out[f"{decided}_vs_seed_noise"]
     out["differs_from_fp32"] = differs_from_zero(acc if decided == "accuracy" else loss)
     return out
@@ -133,19 +133,24 @@ def comparison_row(r: ArmReport, noise: SeedNoise, margins: Margins, task=None) 
     acc, loss = st["delta_accuracy_vs_fp32"], st["delta_loss_vs_fp32"]
     base = r.arm == BASELINE
     row = {"status": "ok", "ablation": r.ablation, "verdict": "baseline" if base else st["verdict"],
-           "loss_verdict": "baseline" if base else st["loss_verdict"], "seeds": acc["n"],
+           "loss_verdict": "baseline" if base else st["loss_verdict"],
+           "not_worse": "baseline" if base else st["not_worse"],
+           "loss_not_worse": "baseline" if base else st["loss_not_worse"], "seeds": acc["n"],
            "test_accuracy": round(s["test_accuracy"], 6), "delta_accuracy_pp": _pp(acc["mean"]),
            "delta_accuracy_pp_ci_low": None if base else _pp(acc["ci_low"]),
            "delta_accuracy_pp_ci_high": None if base else _pp(acc["ci_high"]),
+           "delta_accuracy_pp_bound": None if base else _pp(st["accuracy_bound"]),  # one-sided, the lower
            "test_loss": round(s["test_loss"], 6), "delta_loss": _round(loss["mean"]),
            "delta_loss_ci_low": None if base else _round(loss["ci_low"]),
            "delta_loss_ci_high": None if base else _round(loss["ci_high"]),
+           "delta_loss_bound": None if base else _round(st["loss_bound"]),  # one-sided, the upper
            "agreement_vs_fp32": round(s["agreement_vs_fp32"], 6), "kl_vs_fp32": round(s["kl_vs_fp32"], 8),
            "max_abs_logit_diff_vs_fp32": round(s["max_abs_logit_diff_vs_fp32"], 6),
            "ece": _round(s.get("test_ece")), "delta_ece": _round(s.get("delta_ece_vs_fp32")),
            "skipped_steps": t["skipped_steps"], "optimizer_steps": t.get("optimizer_steps")}
     if decided_by_loss(task):  # a language model: the loss verdict decides
         row["accuracy_verdict"] = "baseline" if base else st["accuracy_verdict"]
+        row["accuracy_not_worse"] = "baseline" if base else st["accuracy_not_worse"]
         row["perplexity"] = round(math.exp(s["test_loss"]), 4) if math.isfinite(s["test_loss"]) else None
     flops = r.numerics.get("flops")
     if flops:  # counted, so deterministic: it belongs with the comparison, not the timings
@@ -198,10 +203,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 # What the DVC metrics files keep per arm: `dvc exp show` draws one column per value, so a handful (≈ 20 for the
 # four main arms) that answer "may I switch?"; every other number is in details.json and the MLflow parent run.
-SHOWN = ("verdict", "test_accuracy", "delta_accuracy_pp", "delta_accuracy_pp_ci_low", "delta_accuracy_pp_ci_high")
+SHOWN = ("not_worse", "verdict", "delta_accuracy_pp", "delta_accuracy_pp_bound")  # the bound: one-sided, the lower
 SHOWN_BASELINE = ("verdict", "test_accuracy", "margin_accuracy_pp")
 # A language model's verdict is its loss's: nats per token, and the perplexity they mean.
-SHOWN_LOSS = ("verdict", "test_loss", "delta_loss", "delta_loss_ci_low", "delta_loss_ci_high")
+SHOWN_LOSS = ("not_worse", "verdict", "delta_loss", "delta_loss_bound")
 SHOWN_LOSS_BASELINE = ("verdict", "test_loss", "perplexity", "margin_loss")
 SPEED_SHOWN = ("speedup_vs_fp32", "memory_vs_fp32")
 

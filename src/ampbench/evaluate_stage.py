@@ -182,11 +182,9 @@ def _context(params: Params, task, meta: dict, base: dict, device: torch.device,
                "margins": margins, "noise": noise, "margin_pp": 100 * margins.accuracy,
                "confidence": params.evaluate.confidence}
     if device.type == "cpu":
-        context["note"] = (
-            f"CPU run. This CPU's 16-bit instructions: {hw['cpu_16bit_flags']}. Without AVX512-BF16/AMX, bf16 "
-            "autocast is emulated, and fp16 autocast on CPU has few fast kernels, so both are often several times "
-            "slower than fp32 here; mixed-precision speed-ups are mainly a GPU tensor-core effect. Memory on CPU is "
-            "the process's peak RSS (imports included). Speeds are reported as measured.")
+        from ampbench.advice import cpu_note
+
+        context["note"] = cpu_note(hw["cpu_16bit_flags"])
     return context
 
 
@@ -230,9 +228,11 @@ def _log_evaluation(params, project_root, tags, advice: str, reports, summaries,
     run_ids: list[str] = []
     for r in sorted((r for r in reports if r.ran), key=lambda r: r.arm != BASELINE):  # baseline's runs first
         arm_row = {**comparison[r.arm], **speed[r.arm]}
-        arm_tags = {"evaluated": "true", "verdict": arm_row["verdict"], "loss_verdict": arm_row["loss_verdict"]}
+        arm_tags = {"evaluated": "true", "verdict": arm_row["verdict"], "loss_verdict": arm_row["loss_verdict"],
+                    "not_worse": arm_row["not_worse"], "loss_not_worse": arm_row["loss_not_worse"]}
         if r.arm != BASELINE:
-            arm_tags.update({"verdict_reason": r.stats["verdict_reason"], "vs_seed_noise": r.stats["vs_seed_noise"]})
+            arm_tags.update({"verdict_reason": r.stats["verdict_reason"], "vs_seed_noise": r.stats["vs_seed_noise"],
+                             "not_worse_reason": r.stats["not_worse_reason"]})
         for seed, m in r.per_seed.items():
             run_id = summaries[r.arm]["seeds"][str(seed)]["run_id"]
             if not tracking.run_exists(run_id):
@@ -251,6 +251,7 @@ def _log_evaluation(params, project_root, tags, advice: str, reports, summaries,
              "arms": ",".join(params.train.precisions), "model": summaries[BASELINE]["model"]["name"],
              "seeds": ",".join(map(str, params.train.seeds)),
              **{f"verdict.{arm}": row["verdict"] for arm, row in comparison.items()},
+             **{f"not_worse.{arm}": row["not_worse"] for arm, row in comparison.items() if "not_worse" in row},
              **{f"{r.status}.{r.arm}": r.skipped_reason[:5000] for r in reports if not r.ran}}
     evaluate_params = tracking.flatten("evaluate", params.evaluate.to_dict())
     key = json_digest(evaluate_params, 24)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 # The per-arm columns shown side by side.
-COLUMNS = ("verdict", "delta_accuracy_pp", "delta_accuracy_pp_ci_low", "delta_accuracy_pp_ci_high",
-           "speedup_vs_fp32", "memory_vs_fp32", "skipped_steps")
+COLUMNS = ("not_worse", "verdict", "delta_accuracy_pp", "delta_accuracy_pp_bound", "delta_accuracy_pp_ci_low",
+           "delta_accuracy_pp_ci_high", "speedup_vs_fp32", "memory_vs_fp32", "skipped_steps")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -61,9 +61,13 @@ def _cell(row: dict[str, Any]) -> str:
     if row.get("verdict") is None:
         return "—"  # the arm did not run at this revision, or the revision predates verdicts
     text = str(row["verdict"])
+    if row.get("not_worse") is not None and row["not_worse"] != "baseline":  # older revisions have none
+        text = f"{row['not_worse']} (equivalence: {row['verdict']})"
     if row.get("delta_accuracy_pp") is not None:
         text += f", Δacc {row['delta_accuracy_pp']:+.2f} pp"
-        if row.get("delta_accuracy_pp_ci_low") is not None:
+        if row.get("delta_accuracy_pp_bound") is not None:
+            text += f" (one-sided bound {row['delta_accuracy_pp_bound']:+.2f})"
+        elif row.get("delta_accuracy_pp_ci_low") is not None:  # a revision from before the not-worse verdict
             text += f" [{row['delta_accuracy_pp_ci_low']:+.2f}, {row['delta_accuracy_pp_ci_high']:+.2f}]"
     if row.get("speedup_vs_fp32") is not None:
         text += f", {row['speedup_vs_fp32']:.2f}× speed"
@@ -80,7 +84,8 @@ def markdown(result: dict[str, Any]) -> str:
                                   for k, v in result["changed_params"].items()))
     else:
         out.append("Nothing: the revisions have identical params.\n")
-    out += ["## What changed in the results (verdict, Δaccuracy vs fp32 [95% CI], speed vs fp32)", ""]
+    out += ["## What changed in the results (not worse? and equivalence, Δaccuracy vs fp32 with its one-sided bound, "
+            "speed vs fp32)", ""]
     out.append(head + "".join(f"| {arm} | " + " | ".join(_cell(per_rev[r]) for r in revs) + " |\n"
                               for arm, per_rev in result["arms"].items()))
     return "\n".join(out)

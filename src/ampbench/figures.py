@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ampbench.arms import BASELINE
 from ampbench.comparison import ArmReport
-from ampbench.report import CURVE_KEYS
+from ampbench.report import CURVE_KEYS, has_scaler
 
 
 def _pyplot():
@@ -70,6 +70,8 @@ def curves_figure(arms: list[ArmReport]):
         for j, (seed, history) in enumerate(sorted(a.histories.items())):
             epochs = [r["epoch"] for r in history]
             for ax, key in zip(axes.flat, CURVE_KEYS, strict=True):
+                if key == "loss_scale" and not has_scaler(a):  # no scaler, no loss scale to draw
+                    continue
                 ax.plot(epochs, [r[key] for r in history], color=colours[i % len(colours)], alpha=0.85,
                         linestyle=("-", "--", ":", "-.")[j % 4], label=f"{a.arm} seed{seed}")
     for ax, key in zip(axes.flat, CURVE_KEYS, strict=True):

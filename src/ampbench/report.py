@@ -24,11 +24,20 @@ def curve_rows(arms: list[ArmReport]) -> list[dict[str, Any]]:
     """Long-format per-epoch rows (one per arm, seed and epoch) for ``dvc plots``; ``run`` names the line."""
     rows = []
     for a in arms:
+        # An arm without a scaler has no loss scale: null, which the plot leaves out (DVC needs the field in every
+        # row), rather than a constant 1 drawn beside fp16's 65,536.
+        scaled = has_scaler(a)
         for seed, history in sorted(a.histories.items()):
             for r in history:
                 rows.append({"run": f"{a.arm}-seed{seed}", "arm": a.arm, "seed": seed, "epoch": r["epoch"],
-                             **{k: r[k] for k in CURVE_KEYS + PLOT_EXTRA_KEYS if k in r}})
+                             **{k: r[k] for k in CURVE_KEYS + PLOT_EXTRA_KEYS if k in r},
+                             **({} if scaled else {"loss_scale": None})})
     return rows
+
+
+def has_scaler(a: ArmReport) -> bool:
+    """Whether the arm trained with a GradScaler (what ran, read back from its summary)."""
+    return a.train.get("policy", {}).get("grad_scaler") == "on"
 
 
 def _fmt(x, spec: str, suffix: str = "") -> str:
@@ -70,11 +79,13 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
     lines += ["", "Why each verdict:", ""]
     for a in arms:
         if a.ran and a.arm != BASELINE:
-            st = a.stats
-            second = (f"{context['task'].accuracy_label.capitalize()}: {st['accuracy_verdict']}: "
-                      f"{st['accuracy_verdict_reason']}" if by_loss
-                      else f"Loss: {st['loss_verdict']}: {st['loss_verdict_reason']}")
-            lines.append(f"- **{a.arm}**: {st['verdict']}: {st['verdict_reason']}. {second}.")
+            st, task = a.stats, context.get("task")
+            first, second = ("loss", "accuracy") if by_loss else ("accuracy", "loss")
+            name = {"accuracy": getattr(task, "accuracy_label", "accuracy"),
+                    "loss": getattr(task, "loss_label", "loss")}
+            lines.append(f"- **{a.arm}**: " + " ".join(
+                f"{name[m].capitalize()}: not worse? **{st[f'{m}_not_worse']}**: {st[f'{m}_not_worse_reason']}; "
+                f"equivalent? {st[f'{m}_verdict']}: {st[f'{m}_verdict_reason']}." for m in (first, second)))
     lines += _throughput(arms, comparison)
     lines += ["", "What ran per arm (read back from torch):", ""]
     for a in arms:
@@ -107,7 +118,8 @@ def _method(context: dict[str, Any]) -> str:
                 f"is the loss's: *equivalent* when its whole interval lies within ±{margins.loss:.3f} nats per token"
                 f"{' (auto)' if margins.loss_rule == 'auto' else ''} (next-token accuracy: {acc_margin}; the ends "
                 "included), *worse*/*better* when wholly outside, *invalid* when a value is not finite, else "
-                f"*inconclusive*. {floor.replace('predictions', 'next-token predictions')}.")
+                f"*inconclusive*. {_not_worse_sentence(conf)} "
+                f"{floor.replace('predictions', 'next-token predictions')}.")
     return (f"Data `{context.get('dataset')}`, device `{context.get('device_name')}`, "
             f"{len(seeds)} seed(s) {seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same "
             f"seed on the same test examples. The {conf}% intervals of Δaccuracy and Δloss use every seed's "
@@ -115,7 +127,14 @@ def _method(context: dict[str, Any]) -> str:
             "flip in every seed, joined with the Student-t interval over the per-seed differences; docs/verdict.md)."
             f" Verdict: *equivalent* when the whole interval lies within the margin (accuracy {acc_margin}, "
             f"loss {loss_margin}; its ends included), *worse*/*better* when wholly outside, *invalid* when a value "
-            f"is not finite, else *inconclusive*. {floor}.")
+            f"is not finite, else *inconclusive*. {_not_worse_sentence(conf)} {floor}.")
+
+
+def _not_worse_sentence(conf: int) -> str:
+    """What *not worse* means: the question the recommendation asks (non-inferiority)."""
+    return (f"*Not worse* asks whether anything degraded, and decides the recommendation: the one-sided {conf}% "
+            "bound on the bad side (accuracy's lower, loss's upper) is within the margin, so a better arm is not "
+            "worse; *worse* when even the other bound is past it.")
 
 
 def _table(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> list[str]:
@@ -128,11 +147,12 @@ def _table(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str
         flips = ("—" if base else
                  f"{c['fp32_right_arm_wrong']} / {c['arm_right_fp32_wrong']} of {c['paired_examples']}")
         dloss = f"{c['delta_loss']:+.4f}" if base else _with_ci(c, "delta_loss", "+.4f")
-        return (f"**{c['verdict']}** | {delta} | {flips} | {'—' if base else c['vs_seed_noise']} "
+        return (f"**{c['not_worse']}** | {c['verdict']} | {delta} | {flips} | {'—' if base else c['vs_seed_noise']} "
                 f"| {100 * c['test_accuracy']:.2f}% | {c['loss_verdict']} | {dloss} "
                 f"| {100 * c['agreement_vs_fp32']:.2f}% | {c['kl_vs_fp32']:.2e} | {c['delta_ece']:+.4f}")
 
-    return _arm_table(arms, comparison, f"verdict | Δaccuracy, pp [{conf}% CI] | right only in fp32 / only in arm "
+    return _arm_table(arms, comparison, f"not worse? | equivalent? | Δaccuracy, pp [{conf}% CI] "
+                      "| right only in fp32 / only in arm "
                       "| vs fp32 seed noise | test accuracy | loss verdict | Δloss [CI] | agreement | KL(fp32‖arm) "
                       "| ΔECE", row)
 
@@ -145,13 +165,14 @@ def _loss_table(arms: list[ArmReport], comparison: dict[str, dict], context: dic
 
     def row(a: ArmReport, c: dict[str, Any]) -> str:
         base = a.arm == BASELINE
-        return (f"**{c['verdict']}** | {'—' if base else _with_ci(c, 'delta_loss', '+.4f')} "
+        return (f"**{c['not_worse']}** | {c['verdict']} | {'—' if base else _with_ci(c, 'delta_loss', '+.4f')} "
                 f"| {'—' if base else c['vs_seed_noise']} | {c['test_loss']:.4f} | {_fmt(c.get('perplexity'), '.3f')} "
                 f"| {100 * c['test_accuracy']:.2f}% | {c['accuracy_verdict']} "
                 f"| {'—' if base else _with_ci(c, 'delta_accuracy_pp', '+.2f')} | {100 * c['agreement_vs_fp32']:.2f}% "
                 f"| {c['kl_vs_fp32']:.2e}")
 
-    return _arm_table(arms, comparison, f"verdict | Δloss, nats/token [{conf}% CI] | vs fp32 seed noise "
+    return _arm_table(arms, comparison, f"not worse? | equivalent? | Δloss, nats/token [{conf}% CI] "
+                      "| vs fp32 seed noise "
                       f"| {task.loss_label} | perplexity | {task.accuracy_label} | accuracy verdict "
                       "| Δaccuracy, pp [CI] | agreement | KL(fp32‖arm)", row)
 

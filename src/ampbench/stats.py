@@ -1,4 +1,4 @@
-"""Paired statistics: per-example paired intervals, the seed-level t interval, seed noise and equivalence verdicts.
+"""Paired statistics: per-example paired intervals, the seed-level t interval, seed noise and margins.
 
 Each non-baseline arm is compared with the fp32 arm *of the same seed on the same test examples*. Accuracy uses
 the per-example paired outcomes of every seed: the discordant pairs (arm right where fp32 was wrong, and the
@@ -10,10 +10,8 @@ with no discordant pair at all, the score interval keeps the width that many agr
 per-example loss differences the same way (a t interval on the cluster-robust variance instead of the score
 interval).
 
-Verdict: ``equivalent`` when the whole interval sits inside ±margin (its ends included), ``worse``/``better``
-when it sits wholly outside, ``inconclusive`` otherwise, ``invalid`` when a value is not finite — always with the
-reason in words. ``SeedNoise`` is fp32's own seed-to-seed variation, the floor a precision effect is judged against
-and the source of ``auto`` margins.
+``SeedNoise`` is fp32's own seed-to-seed variation, the floor a precision effect is judged against and the source
+of ``auto`` margins. The verdicts on these intervals are in ``verdicts.py``.
 """
 
 from __future__ import annotations
@@ -185,47 +183,6 @@ def paired_mean(d, confidence: float = 0.95, bounds: tuple[float | None, float |
     return PairedSummary(s, mean, per_seed.std, low, high, confidence, pairs=d.size, design_effect=v.design_effect)
 
 
-def verdict(s: PairedSummary, margin: float, higher_is_better: bool = True, unit: str = "",
-            scale: float = 1.0, digits: int = 2) -> tuple[str, str]:
-    """(verdict, reason) for paired differences ``s`` against an equivalence margin (same units as s).
-
-    ``scale``, ``unit`` and ``digits`` only format the reason (e.g. scale=100, unit=" pp" for accuracy fractions).
-    """
-
-    def f(x: float) -> str:
-        return f"{x * scale:+.{digits}f}{unit}"
-
-    m = f"±{margin * scale:.{digits}f}{unit}"
-    if not s.finite:
-        return "invalid", "a value is not finite (NaN or inf), so there is no difference to judge"
-    if s.ci_low is None:
-        return "inconclusive", (f"1 seed gives no confidence interval (difference {f(s.mean)}); "
-                                "add seeds to train.seeds for a verdict")
-    lo, hi = s.ci_low, s.ci_high
-    level = f"{100 * s.confidence:g}%"
-    ci = f"CI [{f(lo)}, {f(hi)}]"
-    caveat = "; with 1 seed, seed-to-seed variation is not in the interval" if s.n == 1 else ""
-    if -margin <= lo and hi <= margin:  # the margin's ends count as inside
-        return "equivalent", f"the {level} {ci} lies inside the margin {m}{caveat}"
-    below, above = hi < -margin, lo > margin
-    if below or above:
-        good = above if higher_is_better else below
-        return ("better" if good else "worse"), f"the {level} {ci} lies wholly outside the margin {m}{caveat}"
-    half = (hi - lo) / 2
-    if half > margin:
-        more = "seeds (train.seeds) or test examples" if s.pairs else "seeds (train.seeds)"
-        return "inconclusive", (f"the {level} {ci} is ±{half * scale:.{digits}f}{unit} wide, more than the margin "
-                                f"{m}: too little evidence to separate a {abs(s.mean) * scale:.{digits}f}{unit} "
-                                "effect from "
-                                f"the margin; more {more} narrow it{caveat}")
-    return "inconclusive", f"the {level} {ci} straddles the margin {m}{caveat}"
-
-
-def differs_from_zero(s: PairedSummary) -> bool:
-    """True when the interval excludes 0: a difference this sample detects, whatever the margin says."""
-    return s.finite and s.ci_low is not None and (s.ci_low > 0 or s.ci_high < 0)
-
-
 @dataclass(frozen=True)
 class SeedNoise:
     """fp32's own seed-to-seed variation: how much the test metrics move when only the seed changes."""
@@ -262,21 +219,6 @@ def resolve_margins(accuracy_pp: float | str, loss: float | str, noise: SeedNois
     acc = noise.accuracy_floor if accuracy_pp == "auto" else float(accuracy_pp) / 100
     los = noise.loss_sd if loss == "auto" else float(loss)
     return Margins(acc, los, "auto" if accuracy_pp == "auto" else "set", "auto" if loss == "auto" else "set")
-
-
-def against_noise(s: PairedSummary, floor: float | None, unit: str = "", scale: float = 1.0,
-                  digits: int = 2) -> tuple[str, str]:
-    """(label, text): is the paired difference ``s`` distinguishable from fp32's seed noise ``floor``?
-
-    within: the whole interval lies inside ±floor (the precision changes less than the seed does); beyond: wholly
-    outside (a real precision effect); not separable: neither; unknown: one seed or a non-finite value.
-    """
-    if floor is None or not s.finite or s.ci_low is None:
-        return "unknown", "fp32's seed-to-seed variation needs at least 2 seeds"
-    v, _ = verdict(s, floor)
-    label = {"equivalent": "within", "better": "beyond", "worse": "beyond"}.get(v, "not separable")
-    words = {"within": "smaller than", "beyond": "larger than", "not separable": "not distinguishable from"}[label]
-    return label, f"{words} fp32's own seed-to-seed variation (±{floor * scale:.{digits}f}{unit})"
 
 
 def expected_calibration_error(probs, labels, bins: int = 15) -> float:
