@@ -35,6 +35,7 @@ _TINY_OVERRIDES = {
     "prepare": {"dataset": "digits", "seed": 0, "max_train": 240},
     "train": {"precisions": ["fp32", "tf32", "fp16", "bf16"], "seeds": [0], "device": "cpu", "model": "small_cnn",
               "epochs": 1, "batch_size": 32, "progress": False},
+    "speed": {"rounds": 3, "steps": 6, "window": 3, "warmup_steps": 3, "seconds_per_arm": 3},
     "evaluate": {"batch_size": 512},
     "mlflow": {"experiment": "ampbench-tests", "log_model": True},
 }

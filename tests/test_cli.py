@@ -28,7 +28,7 @@ def _stage(name):
     return module.main
 
 
-@pytest.mark.parametrize("name", ["prepare", "train", "evaluate"])
+@pytest.mark.parametrize("name", ["check", "prepare", "train", "speed", "evaluate"])
 def test_stage_help_documents_every_option(name):
     cmd = _stage(name)
     result = CliRunner().invoke(cmd, ["--help"])
@@ -189,6 +189,10 @@ def stages(tmp_path_factory, tiny_params_module):
         for arm in params["train"]["precisions"]:
             r = _train(arm, str(path), data, models)
             assert r.exit_code == 0, r.output + str(r.exception)
+        r = runner.invoke(_stage("speed"), ["--params", str(path), "--data", str(data), "--out",
+                                            str(reports / "interleaved.json")])
+        assert r.exit_code == 0, r.output + str(r.exception)
+        assert "[tf32] skipped: tf32 is a CUDA tensor-core mode" in r.output and "× fp32 [" in r.output
         r = runner.invoke(_stage("evaluate"), ["--params", str(path), "--data", str(data), "--models", str(models),
                                                "--reports", str(reports)])
         assert r.exit_code == 0, r.output + str(r.exception)
@@ -208,6 +212,13 @@ def test_stages_write_every_report(stages):
     assert details["bf16"]["test_accuracy"] - details["fp32"]["test_accuracy"] == pytest.approx(
         metrics["bf16"]["delta_accuracy_pp"] / 100, abs=2e-6)
     assert set(speed) == {"fp32", "bf16"} and set(speed["bf16"]) == {"speedup_vs_fp32", "memory_vs_fp32"}
+    # Issue 29.1: the speed is the speed stage's, interleaved, with its interval; training time is secondary.
+    inter = json.loads((stages["reports"] / "interleaved.json").read_text())
+    assert details["bf16"]["speed_source"] == "interleaved" and details["bf16"]["train_samples_per_s"] > 0
+    assert details["bf16"]["speedup_vs_fp32"] == pytest.approx(inter["arms"]["bf16"]["speedup_vs_fp32"], abs=1e-4)
+    low, high = details["bf16"]["speedup_vs_fp32_ci_low"], details["bf16"]["speedup_vs_fp32_ci_high"]
+    assert low <= details["bf16"]["speedup_vs_fp32"] <= high and len(inter["arms"]["bf16"]["rounds"]) == 3
+    assert "interleaved round by round" in stages["report"] and f"× [{low:.2f}, {high:.2f}]" in stages["report"]
     for png in ("curves.png", "accuracy_delta.png", "speed_memory.png"):
         assert (stages["reports"] / "figures" / png).stat().st_size > 10_000
     assert "| bf16 |" in stages["report"]

@@ -63,7 +63,7 @@ def test_readme_layout_names_every_library_module():
     modules = {p.stem for p in library.glob("*.py")} - {"__init__"}
     assert (modules | packages) - named == set(), "modules missing from the README's layout"
     inside = {p.stem for package in packages for p in (library / package).glob("*.py")}
-    others = {"check", "prepare", "train", "evaluate", "my_model", "overflow_model",  # pipeline/ and examples/
+    others = {"check", "prepare", "train", "speed", "evaluate", "my_model", "overflow_model",  # pipeline/ and examples/
               "pipeline", "scripts", "examples", "data", "raw", "prepared", "tests", "docs", "ampbench"}  # folders
     assert named - modules - packages <= inside | others, "the README's layout names modules that no longer exist"
 

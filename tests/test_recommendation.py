@@ -120,3 +120,15 @@ def test_the_cpu_note_says_what_this_cpu_has(flags, says, not_says):
     note = cpu_note(flags)
     assert note.startswith(f"CPU run. This CPU's 16-bit instructions: {flags}.") and says in note
     assert not_says not in note
+
+
+def test_the_speed_interval_must_clear_the_threshold_not_just_its_median():
+    """Issue 29.1: with the speed stage's interval, its low end decides (1.08× [0.97, 1.20] is not faster)."""
+    merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"),
+              "bf16": row(speed=1.08, speedup_vs_fp32_ci_low=0.97, speedup_vs_fp32_ci_high=1.2)}
+    line, _ = recommendation(merged, GPU)
+    assert line.startswith("**Recommendation: stay on fp32.**")
+    assert "bf16: not worse, but 1.08× [0.97, 1.20] fp32's samples/s (the interval's low end is below 1.05×)" in line
+    merged["bf16"]["speedup_vs_fp32_ci_low"] = 1.06
+    line, _ = recommendation(merged, GPU)
+    assert line.startswith("**Recommendation: switch to bf16.**") and "1.08× [1.06, 1.20] fp32's samples/s" in line

@@ -68,7 +68,7 @@ def test_the_check_catches_an_undeclared_read():
 
 @pytest.fixture(scope="module")
 def stage_reads(tmp_path_factory) -> dict[str, set[str]]:
-    """Run prepare → train (fp32, fp16) → evaluate in-process on tiny params; the keys each stage read."""
+    """Run prepare → train (fp32, fp16) → speed → evaluate in-process on tiny params; the keys each stage read."""
     import _common
     from conftest import TINY
 
@@ -82,6 +82,7 @@ def stage_reads(tmp_path_factory) -> dict[str, set[str]]:
     runs = {"prepare": [["--out", str(data)]],
             "train": [["--precision", arm, "--data", str(data), "--out", str(models / arm), "--resume-dir",
                        str(tmp / ".resume" / arm)] for arm in ("fp32", "fp16")],
+            "speed": [["--data", str(data), "--out", str(reports / "interleaved.json")]],
             "evaluate": [["--data", str(data), "--models", str(models), "--reports", str(reports)]]}
     reads: dict[str, set[str]] = {}
     with pytest.MonkeyPatch.context() as mp:
@@ -97,7 +98,7 @@ def stage_reads(tmp_path_factory) -> dict[str, set[str]]:
     return reads
 
 
-@pytest.mark.parametrize("stage", ["prepare", "train", "evaluate"])
+@pytest.mark.parametrize("stage", ["prepare", "train", "speed", "evaluate"])
 def test_stages_read_only_declared_params(stage_reads, stage):
     declared = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]["params"]
     reads = stage_reads[stage]
@@ -111,3 +112,4 @@ def test_the_recorder_saw_the_reads_that_matter(stage_reads):
             "train.divergence.max_consecutive_skips"} <= stage_reads["train"]
     assert {"prepare.dataset", "prepare.seed"} <= stage_reads["prepare"]
     assert {"evaluate.confidence", "evaluate.margin.accuracy_pp", "train.seeds"} <= stage_reads["evaluate"]
+    assert {"speed.rounds", "train.batch_size", "train.lr", "train.data_on_device"} <= stage_reads["speed"]

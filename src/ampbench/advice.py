@@ -11,7 +11,7 @@ from ampbench.arms import get as get_arm
 from ampbench.comparison import ArmReport, decided_by_loss
 
 HEALTHY_SKIP_SHARE = 0.02  # a scaler that skips more optimizer steps than this is fighting overflow, not settling
-MIN_SPEEDUP = 1.05  # smaller throughput gains are within timing noise and are not called faster
+MIN_SPEEDUP = 1.05  # smaller throughput gains are within timing noise: the interval's low end must clear it
 INPUT_BOUND_SHARE = 0.2  # an arm that waits for batches this share of its training time is input-bound
 NO_EFFECT_SHARE = 0.05  # an autocast arm with less of its matmul/conv/attention FLOPs in 16 bits did not use them
 
@@ -74,8 +74,10 @@ def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[st
         why = _why_not(arm, c, task)
         if why:
             reasons.append(why)
-        elif (c.get("speedup_vs_fp32") or 0) < MIN_SPEEDUP:
-            reasons.append(f"{arm}: not worse, but {c.get('speedup_vs_fp32') or 0:.2f}× fp32's samples/s")
+        elif _speed_floor(c) < MIN_SPEEDUP:
+            reasons.append(f"{arm}: not worse, but {_speed_text(c)} fp32's samples/s" + (
+                f" (the interval's low end is below {MIN_SPEEDUP:.2f}×)" if c.get("speedup_vs_fp32_ci_low") is not None
+                and (c.get("speedup_vs_fp32") or 0) >= MIN_SPEEDUP else ""))
         else:
             fit.append(arm)
     cpu = (" Measured on a CPU: mixed-precision speed on a GPU is a different story; rerun there before "
@@ -93,7 +95,7 @@ def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[st
                    else "")
         memory = f", {c['memory_vs_fp32']:.2f}× its peak memory" if c.get("memory_vs_fp32") else ""
         line = (f"**Recommendation: switch to {best}.** {_not_worse_text(c, task)}, the loss scaler stayed healthy, "
-                f"and it runs at {c['speedup_vs_fp32']:.2f}× fp32's samples/s{vs_tf32}{memory}.{warnings} In your own "
+                f"and it runs at {_speed_text(c)} fp32's samples/s{vs_tf32}{memory}.{warnings} In your own "
                 f"training step:{cpu}")
         return line, adoption_code(get_arm(best), "cuda" if context.get("device_type") != "cpu" else "cpu")
     inconclusive = any("inconclusive" in (c.get("not_worse"), c.get("loss_not_worse"), c.get("accuracy_not_worse"))
@@ -104,6 +106,19 @@ def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[st
     why = "; ".join(reasons) if reasons else "no mixed-precision arm was trained"
     return (f"**Recommendation: stay on fp32.** No arm is both not worse and faster ({why}).{more}{warnings}{cpu}",
             "")
+
+
+def _speed_floor(c: dict[str, Any]) -> float:
+    """What the speed must clear: the low end of its interval over the speed stage's rounds, else the point."""
+    low = c.get("speedup_vs_fp32_ci_low")
+    return low if low is not None else (c.get("speedup_vs_fp32") or 0)
+
+
+def _speed_text(c: dict[str, Any]) -> str:
+    text = f"{c.get('speedup_vs_fp32') or 0:.2f}×"
+    if c.get("speedup_vs_fp32_ci_low") is not None:
+        text += f" [{c['speedup_vs_fp32_ci_low']:.2f}, {c['speedup_vs_fp32_ci_high']:.2f}]"
+    return text
 
 
 def _not_worse_text(c: dict[str, Any], task) -> str:

@@ -35,6 +35,7 @@ class ArmReport:
     histories: dict[int, list[dict[str, float]]] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)  # samples_per_s, peak memory, skipped_steps, what ran
     stats: dict[str, Any] = field(default_factory=dict)  # paired CIs and verdicts vs fp32
+    speed: dict[str, Any] = field(default_factory=dict)  # the speed stage's row: interleaved samples/s, ratios
     numerics: dict[str, Any] = field(default_factory=dict)  # flops, peak_tflops, first_nonfinite, activations
 
     @property
@@ -169,22 +170,38 @@ def comparison_row(r: ArmReport, noise: SeedNoise, margins: Margins, task=None) 
 
 def timing_row(r: ArmReport, base: ArmReport, tf32: ArmReport | None) -> dict[str, Any]:
     """An evaluated arm's throughput, memory and input wait, as ratios to fp32 (and tf32 when it ran); achieved
-    FLOP/s from the counted FLOPs, and its share of the GPU's peak when the GPU is known."""
-    t, flops = r.train, r.numerics.get("flops")
+    FLOP/s from the counted FLOPs, and its share of the GPU's peak when the GPU is known.
+
+    Speed comes from the speed stage (``r.speed``: every arm in one process, interleaved, with an interval over
+    rounds) when it ran; training-time throughput, each arm timed in its own process at its own time, stays as the
+    secondary ``train_*`` figures (and is all there is without the speed stage). Memory: each arm alone on CUDA;
+    on a CPU the training process's peak RSS."""
+    t, flops, sp = r.train, r.numerics.get("flops"), r.speed
+    own = sp.get("samples_per_s") if sp else t["samples_per_s"]
+    ci = sp.get("speedup_vs_fp32_ci") or (None, None)
+    mem, base_mem = (sp.get("peak_memory_mb") or t["peak_memory_mb"],
+                     base.speed.get("peak_memory_mb") or base.train["peak_memory_mb"])
     timing = {
-        "samples_per_s": round(t["samples_per_s"], 1),
-        "speedup_vs_fp32": _ratio(t["samples_per_s"], base.train["samples_per_s"]),
-        "peak_memory_mb": round(t["peak_memory_mb"], 1),
-        "memory_vs_fp32": _ratio(t["peak_memory_mb"], base.train["peak_memory_mb"]),
+        "samples_per_s": None if own is None else round(own, 1),
+        "speedup_vs_fp32": (1.0 if r.arm == BASELINE else _round(sp.get("speedup_vs_fp32"), 4)) if sp
+        else _ratio(t["samples_per_s"], base.train["samples_per_s"]),
+        "speedup_vs_fp32_ci_low": _round(ci[0], 4), "speedup_vs_fp32_ci_high": _round(ci[1], 4),
+        "speed_unstable": sp.get("unstable"), "speed_source": "interleaved" if sp else "training",
+        "train_samples_per_s": round(t["samples_per_s"], 1),
+        "train_speedup_vs_fp32": _ratio(t["samples_per_s"], base.train["samples_per_s"]),
+        "peak_memory_mb": round(mem, 1), "memory_vs_fp32": _ratio(mem, base_mem),
         "input_wait_share": _round(t.get("input_wait_share"), 4),
     }
-    if flops:  # achieved FLOP/s: counted FLOPs per sample × samples/s; against the GPU's peak when known
-        timing["achieved_tflops"] = round(flops["per_sample"] * t["samples_per_s"] / 1e12, 6)
+    if flops and own:  # achieved FLOP/s: counted FLOPs per sample × samples/s; against the GPU's peak when known
+        timing["achieved_tflops"] = round(flops["per_sample"] * own / 1e12, 6)
         if r.numerics.get("peak_tflops"):
             timing["peak_share"] = round(timing["achieved_tflops"] / r.numerics["peak_tflops"], 6)
     if tf32 is not None:
-        timing["speedup_vs_tf32"] = _ratio(t["samples_per_s"], tf32.train["samples_per_s"])
-        timing["memory_vs_tf32"] = _ratio(t["peak_memory_mb"], tf32.train["peak_memory_mb"])
+        if sp:
+            timing["speedup_vs_tf32"] = 1.0 if r.arm == TF32_REFERENCE else _round(sp.get("speedup_vs_tf32"), 4)
+        else:
+            timing["speedup_vs_tf32"] = _ratio(t["samples_per_s"], tf32.train["samples_per_s"])
+        timing["memory_vs_tf32"] = _ratio(mem, tf32.speed.get("peak_memory_mb") or tf32.train["peak_memory_mb"])
     return timing
 
 

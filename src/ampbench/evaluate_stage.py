@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ampbench import checkpoint, tracking
+from ampbench import checkpoint, interleaved, tracking
 from ampbench.arms import BASELINE
 from ampbench.comparison import ArmReport, Outcomes, paired_statistics, shown, tables
 from ampbench.console import log
@@ -30,7 +30,7 @@ from ampbench.fileio import (
     published_together,
     read_json,
 )
-from ampbench.layout import ArmFiles, ReportFiles
+from ampbench.layout import INTERLEAVED, ArmFiles, ReportFiles
 from ampbench.metrics import seed_noise, summarise_seeds
 from ampbench.model_factory import ModelSpec, build_for
 from ampbench.params import Params
@@ -90,8 +90,9 @@ def check_fingerprints(summaries: dict[str, dict]) -> None:
 
 
 def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir: Path, project_root: Path,
-                  tags: dict[str, str]) -> dict[str, Any]:
-    """Evaluate every arm on the test split against the baseline of the same seed; write reports; log to MLflow."""
+                  tags: dict[str, str], speed_path: Path | None = None) -> dict[str, Any]:
+    """Evaluate every arm on the test split against the baseline of the same seed; write reports; log to MLflow.
+    Speed from the speed stage's ``speed_path`` (reports/interleaved.json) when it exists."""
     from ampbench.advice import recommendation
 
     tp, ev = params.train, params.evaluate
@@ -104,7 +105,12 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
         why = summaries[BASELINE]["skipped"] or summaries[BASELINE]["diverged"]
         raise AmpbenchError(f"the {BASELINE} baseline has no result to compare against: {why}")
     check_fingerprints(summaries)
+    inter = interleaved.load(speed_path or reports_dir / INTERLEAVED.name, tp.precisions,
+                             summaries[BASELINE]["hardware"]["device_name"])
     reports, outcomes, predictions = _predict_arms(params, task, summaries, data.test, models_dir, device)
+    for r in reports:
+        if inter and r.ran and r.arm in inter["arms"]:
+            r.speed = {**inter["arms"][r.arm], "peak_memory_mb": inter["memory"].get(r.arm)}
     base = next(r for r in reports if r.arm == BASELINE)
     noise = seed_noise(base.per_seed, predictions)
     margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
@@ -113,7 +119,8 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             r.stats = paired_statistics(r.per_seed, outcomes[r.arm], outcomes[BASELINE], margins, noise,
                                         ev.confidence, task)
     comparison, speed, details = tables(reports, noise, margins, task)
-    context = _context(params, task, data.meta, summaries[BASELINE], device, margins, noise)
+    context = {**_context(params, task, data.meta, summaries[BASELINE], device, margins, noise),
+               "speed_rounds": inter and inter["params"]["rounds"]}
     merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
     advice = recommendation(merged, context)  # (line, code): into the report, the log and the parent run
     with published_together(reports_dir) as staging:  # all reports replaced at once, or none

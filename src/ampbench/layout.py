@@ -14,6 +14,7 @@ PREPARED = Path("data/prepared")  # the prepare stage's output
 MODELS = Path("models")  # one folder per arm: the train stages' outputs
 RESUME = Path(".resume")  # per-epoch checkpoints of unfinished arms: outside models/, which DVC empties
 REPORTS = Path("reports")  # the evaluate stage's outputs
+INTERLEAVED = REPORTS / "interleaved.json"  # the speed stage's output, which evaluate reads
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,13 @@ MODELS = ("small_cnn", "resnet18", "mlp", "vit_tiny", "gpt")  # the built-ins; s
 IMAGE_MODELS = MODELS[:4]  # for classification; gpt for the language model
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "cosine")
-STAGES = ("prepare", "train", "evaluate")
+STAGES = ("prepare", "train", "speed", "evaluate")
 # The stages that read each section unless a key says otherwise (mlflow: where runs are logged).
-SECTION_STAGES = {"prepare": ("prepare",), "train": ("train",), "evaluate": ("evaluate",),
+SECTION_STAGES = {"prepare": ("prepare",), "train": ("train",), "speed": ("speed",), "evaluate": ("evaluate",),
                   "mlflow": ("train", "evaluate")}
+# The speed stage times every arm's training step, so it reads every train key that shapes a step (the input path
+# too) — but not the run's length, its seeds or the progress bar. params_sync applies this to the train keys.
+NOT_READ_BY_SPEED = ("train.seeds", "train.epochs", "train.progress", "train.nproc_per_node")
 def at_least(bound: float, most: float | None = None):
     """Bounds for one member of a union (``float | Literal["auto"]``, where a knob's ge would also be applied to
     the string) or of a list (each seed)."""
@@ -246,6 +249,23 @@ class EvaluateParams(_Section):
 
 
 @dataclass(frozen=True)
+class SpeedParams(_Section):
+    __pydantic_config__ = _FORBID_EXTRA
+
+    rounds: Annotated[int, knob("interleaved rounds after a warm-up round: every arm steps once per round, A B C "
+                                "A B C …, so a neighbour's load lands on all of them", ge=1, le=10_000)] = 9
+    steps: Annotated[int, knob("optimizer steps per arm and round (at most: the budget may cut them)", ge=2,
+                               le=10**6)] = 60
+    window: Annotated[int, knob("steps per timing window (one device sync each); a round's first window is not "
+                                "counted (it pays for starting the round)", ge=1, le=10**6)] = 10
+    warmup_steps: Annotated[int, knob("steps per arm before any window counts (allocator, autotuning, caches)",
+                                      ge=0, le=10**6)] = 10
+    seconds_per_arm: Annotated[float | None, knob(
+        "wall-time budget per arm for all rounds: the warm-up round whatever it costs, then the steps that fit "
+        "(null: every round in full; fp16 autocast on some CPUs runs at 1% of fp32)", gt=0, le=10**6)] = 10.0
+
+
+@dataclass(frozen=True)
 class MlflowParams(_Section):
     __pydantic_config__ = _FORBID_EXTRA
 
@@ -264,5 +284,6 @@ class Params(_Section):
 
     prepare: PrepareParams = field(default_factory=PrepareParams)
     train: TrainParams = field(default_factory=TrainParams)
+    speed: SpeedParams = field(default_factory=SpeedParams)
     evaluate: EvaluateParams = field(default_factory=EvaluateParams)
     mlflow: MlflowParams = field(default_factory=MlflowParams)

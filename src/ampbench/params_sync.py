@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ampbench.params import SECTION_STAGES, STAGES, Params
+from ampbench.params import NOT_READ_BY_SPEED, SECTION_STAGES, STAGES, Params
 from ampbench.validation import load_params
 
 HEADER = """\
-# ampbench parameters: one section per DVC stage (prepare, train, evaluate) plus mlflow.
+# ampbench parameters: one section per DVC stage (prepare, train, speed, evaluate) plus mlflow.
 # Change any value for one run with:  .venv/bin/dvc exp run --temp -S train.epochs=12  (docs/mlflow-and-dvc.md)
 # Defaults and comments come from src/ampbench/params.py: after changing it, run `make params`.
 """
@@ -49,6 +49,8 @@ def _fields(cls: type, prefix: str, inherited: tuple[str, ...] | None) -> tuple[
         extra = (info.json_schema_extra or {}) if info is not None else {}
         stages = tuple(extra["stages"]) if "stages" in extra else (
             inherited if inherited is not None else SECTION_STAGES[f.name])
+        if path.startswith("train.") and path not in NOT_READ_BY_SPEED and "speed" not in stages:
+            stages += ("speed",)
         children = _fields(kind, f"{path}.", stages) if dataclasses.is_dataclass(kind) else ()
         keys.append(Key(path, info.description if info is not None else "", stages, children))
     return tuple(keys)

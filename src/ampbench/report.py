@@ -6,18 +6,18 @@ speed rows), the recommendation and its reasons from ``advice.py``; the evaluate
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from ampbench.advice import bound_by, fix_line, input_bound, no_effect
+from ampbench.advice import input_bound
 from ampbench.arms import BASELINE
 from ampbench.comparison import ArmReport, decided_by_loss
+from ampbench.interleaved import rounds_text
+from ampbench.numerics_text import numerics_lines, short_count
 
 CURVE_KEYS = ("train_loss", "val_loss", "val_accuracy", "loss_scale")
 # Also written to the DVC plot rows (not drawn in the PNG): the scaler and underflow story per epoch.
 PLOT_EXTRA_KEYS = ("grad_underflow_frac", "scaled_grad_underflow_frac", "grad_zero_frac", "grad_norm",
                    "skipped_steps")
-ACTIVATION_ROWS = 8  # modules shown in the report's activation table
 
 
 def curve_rows(arms: list[ArmReport]) -> list[dict[str, Any]]:
@@ -44,25 +44,12 @@ def _fmt(x, spec: str, suffix: str = "") -> str:
     return "n/a" if x is None else f"{x:{spec}}{suffix}"
 
 
-def _count(n: float) -> str:
-    """1234567 → "1.23M"."""
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
-
-
-def _finite_or(x: float | None, spec: str, otherwise: str) -> str:
-    """``x`` formatted, or ``otherwise`` where it is not finite (null in the JSON files)."""
-    return otherwise if x is None or not math.isfinite(x) else f"{x:{spec}}"
-
-
 def model_line(model: dict[str, Any]) -> str:
     """The model's identity in words: name, arguments, parameters, FLOPs per sample."""
     args = ", ".join(f"{k}={v}" for k, v in model.get("args", {}).items())
     width = f", width {model['width']}" if model.get("width") is not None else ""
-    return (f"`{model['name']}`{f' ({args})' if args else ''}{width}: {_count(model['parameters'])} parameters, "
-            f"{_count(model['flops_per_sample'])} FLOPs per sample (forward)")
+    return (f"`{model['name']}`{f' ({args})' if args else ''}{width}: {short_count(model['parameters'])} parameters, "
+            f"{short_count(model['flops_per_sample'])} FLOPs per sample (forward)")
 
 
 def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any],
@@ -188,10 +175,18 @@ def _arm_table(arms: list[ArmReport], comparison: dict[str, dict], columns: str,
             lines.append(f"| {name} | **{a.status}** | {a.skipped_reason} |" + " |" * (header.count(" | ") - 2))
             continue
         c = comparison[a.arm]
-        lines.append(f"| {name} | {row(a, c)} | {_fmt(c.get('speedup_vs_fp32'), '.2f', '×')} "
+        lines.append(f"| {name} | {row(a, c)} | {_speed_cell(c)} "
                      f"| {_fmt(c.get('speedup_vs_tf32'), '.2f', '×')} | {_fmt(c.get('memory_vs_fp32'), '.2f', '×')} "
                      f"| {c['skipped_steps']} |")
     return lines
+
+
+def _speed_cell(c: dict[str, Any]) -> str:
+    """× fp32 with its interval over the speed stage's rounds (and *unstable* when wide)."""
+    text = _fmt(c.get("speedup_vs_fp32"), ".2f", "×")
+    if c.get("speedup_vs_fp32_ci_low") is not None:
+        text += f" [{c['speedup_vs_fp32_ci_low']:.2f}, {c['speedup_vs_fp32_ci_high']:.2f}]"
+    return text + (" unstable" if c.get("speed_unstable") else "")
 
 
 def _with_ci(c: dict[str, Any], key: str, spec: str) -> str:
@@ -201,92 +196,34 @@ def _with_ci(c: dict[str, Any], key: str, spec: str) -> str:
 
 
 def _throughput(arms: list[ArmReport], comparison: dict[str, dict]) -> list[str]:
-    """Throughput, peak memory and input wait per arm; a line for each input-bound arm."""
-    lines = ["", "Throughput (median over timing windows after warm-up), peak memory, and the share of training "
-             "time spent waiting for the next batch:", ""]
+    """Throughput (interleaved and training-time), peak memory and input wait per arm; a line for each unstable
+    or input-bound arm."""
+    base = comparison.get(BASELINE, {})
+    interleaved = base.get("speed_source") == "interleaved"
+    lines = ["", ("Speed: every arm timed in one process by the speed stage, interleaved round by round (A B C A B C "
+                  "…), so other load on the machine lands on every arm alike: the median over rounds of each round's "
+                  "ratio to fp32, with a distribution-free interval over rounds. Training-time throughput (each arm "
+                  "in its own process, at its own time) is the secondary figure." if interleaved else
+                  "Speed from training time: each arm timed in its own process at its own time, so other load on the "
+                  "machine can land on one arm and not another (no reports/interleaved.json: run the speed stage)."),
+             "", "Throughput, peak memory, and the share of training time spent waiting for the next batch:", ""]
     for a in arms:
         if a.ran:
             c = comparison[a.arm]
             wait = c.get("input_wait_share")
             path = a.train.get("input_path")
-            lines.append(f"- **{a.arm}**: {c['samples_per_s']:,.0f} samples/s, peak memory "
+            during = (f" (during training {c['train_samples_per_s']:,.0f}, "
+                      f"{_fmt(c.get('train_speedup_vs_fp32'), '.2f', '×')} fp32)" if interleaved else "")
+            lines.append(f"- **{a.arm}**: {_fmt(c.get('samples_per_s'), ',.0f')} samples/s{during}, peak memory "
                          f"{c['peak_memory_mb']:,.0f} MB" + (f", input {path}" if path else "")
                          + (f", waiting for batches {100 * wait:.1f}% of the time" if wait is not None else ""))
+            if c.get("speed_unstable"):
+                lines.append(f"- **{a.arm}'s speed is unstable**: its interval over rounds is wider than ±10% of "
+                             f"its median; {rounds_text(a.speed)} (timing noise from other load, frequency scaling "
+                             "or a shared host): more speed.rounds, or a quieter machine, narrow it")
     for arm in input_bound(comparison):
         share = comparison[arm]["input_wait_share"]
         lines.append(f"- **{arm} is input-bound**: it waited for batches {100 * share:.0f}% of its training time, so "
                      "its speed shows the input pipeline, not its precision. More "
                      "train.loader_workers, train.data_on_device: true (if it fits) or a larger batch help.")
-    return lines
-
-
-def numerics_lines(arms: list[ArmReport], comparison: dict[str, dict]) -> list[str]:
-    """What ran in which dtype and how close to the hardware; the first non-finite module per arm and the fix;
-    the modules whose outputs come closest to float16's limits."""
-    lines = ["", "## Numerics", "", "Matmul, convolution and attention FLOPs of one training step (forward and "
-             "backward) counted at the dispatcher, by the dtype they computed in; achieved FLOP/s = counted FLOPs "
-             "per sample × samples/s (a share of the GPU's dense peak for that dtype where the GPU is known):", ""]
-    lines += [line for a in arms if (line := _flop_line(a, comparison.get(a.arm, {})))]
-    return lines + _nonfinite_lines(arms) + _activation_table(arms)
-
-
-def _flop_line(a: ArmReport, c: dict[str, Any]) -> str | None:
-    """One arm's FLOPs by dtype and achieved FLOP/s (None when nothing was counted)."""
-    flops = a.numerics.get("flops")
-    if not flops or not flops["total"]:
-        return None
-    dtypes = ", ".join(f"{d} {100 * n / flops['total']:.0f}%" for d, n in
-                       sorted(flops["by_dtype"].items(), key=lambda kv: -kv[1]))
-    speed = ""
-    if c.get("achieved_tflops") is not None:
-        speed = f"; achieved {_count(c['achieved_tflops'] * 1e12)} FLOP/s"
-        if c.get("peak_share") is not None:
-            speed += (f", {100 * c['peak_share']:.1f}% of this GPU's {flops['dominant_dtype']} peak "
-                      f"({a.numerics['peak_tflops']:g} TFLOP/s): {bound_by(c)}")
-    flag = (" — **autocast had no effect**: its matmuls and convolutions ran in float32 (a model that casts "
-            "its own inputs, or an op autocast does not cover)" if no_effect(a) else "")
-    return (f"- **{a.arm}**: {100 * flops['low_precision_share']:.0f}% of matmul/conv/attention FLOPs in "
-            f"16 bits ({dtypes}; {_count(flops['per_sample'])} FLOPs per training sample){speed}{flag}")
-
-
-def _nonfinite_lines(arms: list[ArmReport]) -> list[str]:
-    """The first non-finite module per arm and seed; for a diverged arm the rerun that keeps it in float32."""
-    found = [(a, seed, c) for a in arms for seed, c in sorted(a.numerics.get("first_nonfinite", {}).items())]
-    if not found:
-        return []
-    lines = ["", "First non-finite module (hooks on the step that went bad, or a replay of it: outputs in forward "
-             "order, then input gradients in backward order, naming the module whose backward made them, then "
-             "weight gradients):", ""]
-    for a, seed, c in found:
-        note = ""
-        if a.status == "diverged":
-            note = f" — the arm diverged; to keep that module in float32: `{fix_line([c['module']])}`"
-        elif c["loss_scale"] >= 2.0**15 and c["phase"] != "forward":
-            note = " (the scaler's first calibration steps at its initial scale: expected)"
-        lines.append(f"- **{a.arm}** seed {seed}: {c['message']} ({c['how']}){note}")
-    return lines
-
-
-def _activation_table(arms: list[ArmReport]) -> list[str]:
-    """The modules whose outputs come closest to float16's limits, ranked by the fp32 arm, beside each 16-bit arm."""
-    ref = next((a for a in arms if a.arm == BASELINE and a.numerics.get("activations")), None)
-    if ref is None:
-        return []
-    others = [a for a in arms if a.arm != BASELINE and a.numerics.get("activations")
-              and (a.status == "diverged" or (a.train.get("policy") or {}).get("autocast_dtype", "off") != "off")]
-    tables = {a.arm: {r["module"]: r for r in a.numerics["activations"]} for a in others}
-    head = " | ".join(f"{a.arm} max | {a.arm} → inf / → 0" for a in others)
-    lines = ["", "Module outputs closest to float16's limits (largest |output| over the sampled steps; headroom "
-             "= log₂(65504 / max), negative: float16 overflows; the shares of outputs float16 turns into inf "
-             "and of non-zero outputs it flushes to 0), ranked by the fp32 arm:", "",
-             f"| module | type | fp32 max | headroom | {head} |",
-             "|---|---|---|---|" + "---|---|" * len(others)]  # max: the largest |output|
-    for row in ref.numerics["activations"][:ACTIVATION_ROWS]:
-        cells = []
-        for a in others:
-            o = tables[a.arm].get(row["module"])
-            shares = None if o is None else f"{100 * o['overflow_frac']:.2f}% / {100 * o['underflow_frac']:.2f}%"
-            cells += ["—", "—"] if o is None else [_finite_or(o["max_abs"], ".3g", "inf/NaN"), shares]
-        lines.append(f"| `{row['module']}` | {row['type']} | {_finite_or(row['max_abs'], '.3g', 'inf/NaN')} | "
-                     f"{_finite_or(row['headroom_log2'], '+.1f', '−∞')} | " + " | ".join(cells) + " |")
     return lines
