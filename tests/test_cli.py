@@ -88,6 +88,20 @@ def test_ui_errors_are_one_line(tmp_path, mlflow_store):
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.output
 
 
+def _stop_ui(ui) -> None:
+    """A test that failed early must not leave the server behind: SIGTERM makes `ampbench ui` stop its server's
+    whole process group (a SIGKILL would orphan it); SIGKILL only if that does not end it."""
+    import signal
+    import subprocess
+
+    if ui.poll() is None:
+        ui.send_signal(signal.SIGTERM)
+        try:
+            ui.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            ui.kill()
+
+
 @pytest.mark.slow
 def test_ui_prints_the_link_once_the_server_answers(tmp_path):
     """`--port 0` picks a free port; the link (with that port) appears only when /health answers, the server's
@@ -121,8 +135,7 @@ def test_ui_prints_the_link_once_the_server_answers(tmp_path):
         ui.send_signal(signal.SIGINT)
         assert ui.wait(timeout=60) == 0
     finally:
-        if ui.poll() is None:
-            ui.kill()
+        _stop_ui(ui)
 
 
 @pytest.mark.slow
@@ -154,8 +167,7 @@ def test_sigterm_to_ui_stops_the_whole_server(tmp_path):
                 and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
         assert left == [], f"server processes left running: {left}"
     finally:
-        if ui.poll() is None:
-            ui.kill()
+        _stop_ui(ui)
 
 
 def test_bad_params_one_line_no_traceback_no_outputs(tmp_path, tiny_params, write_params):
