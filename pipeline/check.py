@@ -31,7 +31,7 @@ def main(params, out_path: Path) -> None:
     from ampbench.user_code import CODE_KEYS, require_present
 
     sections = params.to_dict()
-    paths = {key: sections[key.split(".")[0]][key.split(".")[1]] for key in CODE_KEYS}
+    paths = {key: sections[section][name] for key in CODE_KEYS for section, _, name in [key.partition(".")]}
     require_present(paths, CHECKOUT, project_root())
     out_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_path, "params.yaml is valid; the prepare stage depends on this file only so that DVC runs "

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from ampbench.interleaved import ArmTimer, median_interval, summarise
+from ampbench.interleaved import ArmTimer
+from ampbench.speed_rounds import median_interval, summarise
 from ampbench.splits import Split
 from ampbench.task import CLASSIFICATION
 from ampbench.validation import validate

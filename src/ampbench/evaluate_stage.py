@@ -119,8 +119,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
             r.stats = paired_statistics(r.per_seed, outcomes[r.arm], outcomes[BASELINE], margins, noise,
                                         ev.confidence, task)
     comparison, speed, details = tables(reports, noise, margins, task)
-    context = {**_context(params, task, data.meta, summaries[BASELINE], device, margins, noise),
-               "speed_rounds": inter and inter["params"]["rounds"]}
+    context = _context(params, task, data.meta, summaries[BASELINE], device, margins, noise)
     merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
     advice = recommendation(merged, context)  # (line, code): into the report, the log and the parent run
     with published_together(reports_dir) as staging:  # all reports replaced at once, or none

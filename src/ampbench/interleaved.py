@@ -6,7 +6,7 @@ arm alive (CUDA). The speed stage writes the result; evaluate reads it for the r
 
 Each arm trains through the pipeline's own loop (``training.fit``: the same step, telemetry and input path as the
 train stage) from a fresh model of seed 0, on the first batches of the training split; what it learns is thrown
-away. No files or MLflow here.
+away. The statistics over rounds are in ``speed_rounds.py``. No files or MLflow here.
 """
 
 from __future__ import annotations
@@ -20,19 +20,13 @@ from typing import Any, Callable
 
 import torch
 
-from ampbench.arms import BASELINE, TF32_REFERENCE
-from ampbench.determinism import seed_everything, set_deterministic
 from ampbench.errors import ArmUnavailable, ParamsError
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
-from ampbench.loader import keep_on_device
-from ampbench.model_factory import ModelSpec, build_for
 from ampbench.params import Params, SpeedParams
 from ampbench.precision import resolve_policy
+from ampbench.speed_rounds import rounds_text, summarise
 from ampbench.splits import Split
-from ampbench.training import LoopConfig, fit, init_state
-
-UNSTABLE_SPREAD = 0.2  # an interval wider than this share of its median (±10%) is called unstable
-DISAGREE_SHARE = 0.1  # a round whose ratio is this far from the median is named as one that disagreed
+from ampbench.training import build_run, fit
 
 
 class _OneRound:
@@ -54,17 +48,11 @@ class ArmTimer:
                  contract: dict[str, Any], sizes: Sizes | None = None):
         tp, sp = params.train, sizes or Sizes.of(params.speed, len(train) // params.train.batch_size)
         self.policy = resolve_policy(arm, device, tp.fp32_modules)  # ArmUnavailable: the caller skips the arm
-        seed_everything(0)
-        set_deterministic(tp.deterministic, tp.cudnn_benchmark)
-        self.policy.apply_backend_flags()
-        fmt = torch.channels_last if tp.channels_last else torch.contiguous_format
-        model = self.policy.prepare_model(build_for(ModelSpec.from_train(tp), contract).to(device).to(
-            memory_format=fmt))
-        self.model = torch.compile(model) if tp.compile else model
-        self.cfg = LoopConfig(train=_OneRound(tp, 1), on_device=keep_on_device(tp.data_on_device, train, device),
-                              warmup_steps=sp.warmup_steps, timing_window=sp.window, task=task)
-        self.state = init_state(self.model, self.policy, self.cfg, device)
-        self.train, self.val, self.batch_size, self.device = train, val, tp.batch_size, device
+        _, self.state, self.cfg = build_run(_OneRound(tp, 1), self.policy, contract, device, 0, train, task,
+                                            warmup_steps=sp.warmup_steps, timing_window=sp.window)
+        if tp.compile:  # as the train stage does: the optimizer holds the same parameters
+            self.state.model = torch.compile(self.state.model)
+        self.train, self.val, self.batch_size = train, val, tp.batch_size
 
     def round(self, steps: int) -> float | None:
         """Train ``steps`` steps (passes over the split's batches as needed, as training does); the median of the
@@ -182,59 +170,6 @@ def isolated_memory(params: Params, train: Split, val: Split, task, device: torc
     return peaks
 
 
-@dataclass(frozen=True)
-class Interval:
-    """A median with a distribution-free interval from order statistics and the coverage it really has."""
-
-    median: float
-    low: float
-    high: float
-    coverage: float  # of the true median, under independent rounds
-
-    @property
-    def unstable(self) -> bool:
-        return (self.high - self.low) > UNSTABLE_SPREAD * self.median
-
-
-def median_interval(xs: list[float], confidence: float = 0.95) -> Interval | None:
-    """The median of ``xs`` with the order-statistic interval [x(k), x(n−k+1)] that covers the true median with
-    probability ≥ ``confidence`` (binomial, p = ½) — or, with too few values for that, the whole range and the
-    coverage it has (5 values: 93.75%). None without values."""
-    n = len(xs)
-    if not n:
-        return None
-    ordered = sorted(xs)
-    cdf = lambda k: sum(math.comb(n, i) for i in range(k)) / 2**n  # P(Binomial(n, ½) < k)  # noqa: E731
-    k = 1
-    while k + 1 <= n // 2 and 1 - 2 * cdf(k + 1) >= confidence:
-        k += 1
-    return Interval(statistics.median(xs), ordered[k - 1], ordered[n - k], 1 - 2 * cdf(k))
-
-
-def summarise(rounds: dict[str, list[float | None]]) -> dict[str, Any]:
-    """Per arm: samples/s per round, their median, and the median over rounds of its ratio to fp32 (and tf32) of
-    the same round with its interval; *unstable* with the rounds that disagreed. Torch-free."""
-    arms: dict[str, Any] = {}
-    for arm, values in rounds.items():
-        kept = [v for v in values if v is not None]
-        row: dict[str, Any] = {"rounds": values, "samples_per_s": statistics.median(kept) if kept else None}
-        for ref in (BASELINE, TF32_REFERENCE):
-            if ref == arm or ref not in rounds:
-                continue
-            # Round by round: both arms ran in it, back to back, under whatever load the machine had then.
-            by_round = {r: a / b for r, (a, b) in enumerate(zip(values, rounds[ref], strict=True), 1) if a and b}
-            iv = median_interval(list(by_round.values()))
-            if iv is None:
-                continue
-            row[f"speedup_vs_{ref}"], row[f"speedup_vs_{ref}_ci"] = iv.median, [iv.low, iv.high]
-            if ref == BASELINE:
-                row.update({"ratios": list(by_round.values()), "coverage": iv.coverage, "unstable": iv.unstable,
-                            "disagreeing_rounds": [r for r, x in by_round.items()
-                                                   if abs(x / iv.median - 1) > DISAGREE_SHARE]})
-        arms[arm] = row
-    return {"arms": arms}
-
-
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """One line per arm for the stage's log: samples/s, × fp32 with its interval, unstable or skipped."""
     lines = []
@@ -277,12 +212,3 @@ def load(path, arms: list[str], device_name: str) -> dict[str, Any] | None:
     if missing:
         raise DataError(f"{path}: no timing for {', '.join(missing)} of train.precisions; {rerun}")
     return result
-
-
-def rounds_text(row: dict[str, Any], shown: int = 8) -> str:
-    """Which rounds disagreed with the median ratio by more than DISAGREE_SHARE, in words."""
-    bad, n = row.get("disagreeing_rounds") or [], len(row.get("ratios") or [])
-    listed = ", ".join(map(str, bad[:shown])) + (" …" if len(bad) > shown else "")
-    share = f"{100 * DISAGREE_SHARE:.0f}%"
-    return (f"rounds {listed} ({len(bad)} of {n}) differ from the median ratio by more than {share}" if bad
-            else f"no round differs from the median ratio by more than {share}")

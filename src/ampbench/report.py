@@ -11,8 +11,8 @@ from typing import Any
 from ampbench.advice import input_bound
 from ampbench.arms import BASELINE
 from ampbench.comparison import ArmReport, decided_by_loss
-from ampbench.interleaved import rounds_text
 from ampbench.numerics_text import numerics_lines, short_count
+from ampbench.speed_rounds import rounds_text
 
 CURVE_KEYS = ("train_loss", "val_loss", "val_accuracy", "loss_scale")
 # Also written to the DVC plot rows (not drawn in the PNG): the scaler and underflow story per epoch.

@@ -19,20 +19,17 @@ from ampbench.activations import merge_tables
 from ampbench.advice import fix_line
 from ampbench.arm_outputs import ArmOutputs, SeedJob
 from ampbench.data import load_prepared
-from ampbench.determinism import seed_everything, set_deterministic
 from ampbench.errors import AmpbenchError, ArmUnavailable, StoreError
 from ampbench.fileio import dvc_md5, json_digest
 from ampbench.flops import count_step_flops
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.layout import ArmFiles
-from ampbench.loader import keep_on_device
-from ampbench.model_factory import ModelSpec, build_for
 from ampbench.monitor import Diverged, epoch_line
 from ampbench.params import Params
 from ampbench.precision import describe_line, resolve_device, resolve_policy
 from ampbench.tasks import resolve_task
 from ampbench.train_checks import check_16_bit_work, check_model, check_steps, estimate, request_size
-from ampbench.training import EpochRecord, LoopConfig, TrainState, fit, init_state, throughput
+from ampbench.training import EpochRecord, LoopConfig, TrainState, build_run, fit, memory_format, throughput
 
 
 def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_root: Path, tags: dict[str, str],
@@ -121,15 +118,7 @@ def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dic
 
 def _build(job: SeedJob) -> tuple[torch.nn.Module, TrainState, LoopConfig]:
     """Seeded, deterministic (if asked) model and fresh training state for ``job``."""
-    tp = job.params.train
-    seed_everything(job.seed)
-    set_deterministic(tp.deterministic, tp.cudnn_benchmark)
-    job.policy.apply_backend_flags()
-    model = build_for(ModelSpec.from_train(tp), job.contract).to(job.device)
-    model = job.policy.prepare_model(model.to(memory_format=_memory_format(job)))
-    on_device = keep_on_device(tp.data_on_device, job.data.train, job.device)
-    cfg = LoopConfig(train=tp, seed=job.seed, on_device=on_device, task=job.task)
-    return model, init_state(model, job.policy, cfg, job.device), cfg
+    return build_run(job.params.train, job.policy, job.contract, job.device, job.seed, job.data.train, job.task)
 
 
 def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str, Any], list[EpochRecord]]:
@@ -218,14 +207,11 @@ def count_flops(job: SeedJob, model: torch.nn.Module) -> dict[str, Any]:
     (flops.count_step_flops), with the TF32 state read back; training is unaffected."""
     split = job.data.train
     n = min(job.params.train.batch_size, 16, len(split))
-    x = job.policy.cast_input(split.inputs(split.x[:n].to(job.device))).to(memory_format=_memory_format(job))
+    x = job.policy.cast_input(split.inputs(split.x[:n].to(job.device)))
+    x = x.to(memory_format=memory_format(job.params.train))
     counted = count_step_flops(model, job.policy, x, split.y[:n].to(job.device), job.task)
     counted["cuda_matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
     return counted
-
-
-def _memory_format(job: SeedJob) -> torch.memory_format:
-    return torch.channels_last if job.params.train.channels_last else torch.contiguous_format
 
 
 def _seed_record(job: SeedJob, cfg: LoopConfig, records: list[EpochRecord], run_id: str,

@@ -134,6 +134,28 @@ def init_state(model: nn.Module, policy: PrecisionPolicy, cfg: LoopConfig, devic
     )
 
 
+def memory_format(tp: TrainParams) -> torch.memory_format:
+    """train.channels_last as a torch memory format (for the model and its inputs)."""
+    return torch.channels_last if tp.channels_last else torch.contiguous_format
+
+
+def build_run(tp: TrainParams, policy: PrecisionPolicy, contract: dict, device: torch.device, seed: int,
+              train: Split, task: Task, **measure) -> tuple[nn.Module, TrainState, LoopConfig]:
+    """Seeded, deterministic (if asked) model and fresh training state: what the train stage trains once per seed
+    and the speed stage times. ``measure``: LoopConfig's timing fields (warm-up, window)."""
+    from ampbench.determinism import seed_everything, set_deterministic
+    from ampbench.model_factory import ModelSpec, build_for
+
+    seed_everything(seed)
+    set_deterministic(tp.deterministic, tp.cudnn_benchmark)
+    policy.apply_backend_flags()
+    model = policy.prepare_model(build_for(ModelSpec.from_train(tp), contract).to(device).to(
+        memory_format=memory_format(tp)))
+    cfg = LoopConfig(train=tp, seed=seed, on_device=keep_on_device(tp.data_on_device, train, device), task=task,
+                     **measure)
+    return model, init_state(model, policy, cfg, device), cfg
+
+
 class EpochSums:
     """One epoch's running loss and accuracy sums, kept on the device (summed over ranks at the end)."""
 
