@@ -21,7 +21,7 @@ from _common import data_option, debug_option, deterministic_cublas, layout, par
 @debug_option
 @stage
 def main(params, data_dir: Path, out_path: Path) -> None:
-    """Time every arm of train.precisions, A B C A B C …, and each arm's peak memory alone (CUDA)."""
+    """Time every arm of train.precisions, A B C, C B A, …, and each arm's peak memory alone (CUDA)."""
     from ampbench.fileio import atomic_write_json
     from ampbench.interleaved import run, summary_lines
 

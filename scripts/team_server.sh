@@ -34,6 +34,9 @@ start_mlflow() {
   if [ -f "$dir/mlflow.pid" ] && kill -0 "$(cat "$dir/mlflow.pid")" 2>/dev/null; then
     echo "MLflow server already running (pid $(cat "$dir/mlflow.pid"))"
   else
+    # MLflow's job runner (a pool of GenAI job workers, about 12 processes of ~200 MB that poll the store) is
+    # never used by ampbench: off unless MLFLOW_SERVER_ENABLE_JOB_EXECUTION says otherwise.
+    MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}" \
     nohup "$mlflow_bin" server --backend-store-uri "$uri" --artifacts-destination "$dir/artifacts" \
       --serve-artifacts --host 127.0.0.1 --port "$port" --workers 2 >"$dir/mlflow.log" 2>&1 &
     echo $! >"$dir/mlflow.pid"

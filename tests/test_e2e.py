@@ -95,6 +95,9 @@ def test_mlflow_store_at_project_root_with_loadable_models(repo):
 
     test = load_prepared(repo / "data" / "prepared").test  # stored uint8; the model takes normalised floats
     assert model(test.inputs(test.x[:5])).shape == (5, 10)
+    # As a pyfunc too, the way `mlflow models serve` loads it (the stage skips MLflow's own serving check).
+    served = mlflow.pyfunc.load_model(summary["seeds"]["0"]["model_uri"])
+    assert served.predict(test.inputs(test.x[:2]).numpy()).shape == (2, 10)
 
 
 def test_pages_render_in_headless_chromium(repo, tmp_path):

@@ -19,8 +19,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def set_deterministic(enabled: bool, cudnn_benchmark: bool = False) -> None:
-    """Deterministic kernels on or off; cuDNN autotuning (which picks kernels by timing) only when off."""
-    torch.use_deterministic_algorithms(enabled, warn_only=False)
+def set_deterministic(enabled: bool, cudnn_benchmark: bool = False, compile: bool = False) -> None:
+    """Deterministic kernels on or off; cuDNN autotuning (which picks kernels by timing) only when off.
+
+    ``compile``: the model will be torch.compile'd, so inductor's own switch must be set too. Without it, and while
+    inductor is not loaded, only the kernel switch is set: ``torch.use_deterministic_algorithms`` imports inductor
+    to set its flag, about 2 s of every stage process for a compiler that process never uses.
+    """
+    import sys
+
+    if compile or "torch._inductor" in sys.modules or not hasattr(torch._C, "_set_deterministic_algorithms"):
+        torch.use_deterministic_algorithms(enabled, warn_only=False)
+    else:
+        torch._C._set_deterministic_algorithms(enabled, warn_only=False)
     torch.backends.cudnn.deterministic = enabled
     torch.backends.cudnn.benchmark = cudnn_benchmark and not enabled

@@ -1,8 +1,8 @@
 """Speed measured the way ``ampbench bench`` measures it, on the user's model, data, batch size and input path:
-every arm in one process, interleaved round by round (A B C A B C …), so whatever else runs on the machine lands
-on every arm alike; per round the median of its timing windows, per arm the median over rounds of its ratio to
-fp32 with a distribution-free interval, *unstable* when that interval is wide; peak memory per arm with only that
-arm alive (CUDA). The speed stage writes the result; evaluate reads it for the report and speed.json.
+every arm in one process, interleaved round by round (A B C, C B A, A B C …), so whatever else runs on the
+machine lands on every arm alike; per round its fastest timing window, per arm the median over rounds of its
+ratio to fp32 with a distribution-free interval, *unstable* when that interval is wide; peak memory per arm with
+only that arm alive (CUDA). The speed stage writes the result; evaluate reads it for the report and speed.json.
 
 Each arm trains through the pipeline's own loop (``training.fit``: the same step, telemetry and input path as the
 train stage) from a fresh model of seed 0, on the first batches of the training split; what it learns is thrown
@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -42,7 +41,7 @@ class _OneRound:
 
 class ArmTimer:
     """One arm, ready to step: its model (seed 0), optimizer, scaler and input path, as the train stage builds
-    them. ``round(steps)`` trains ``steps`` optimizer steps and returns the round's median samples/s."""
+    them. ``round(steps)`` trains ``steps`` optimizer steps and returns the round's samples/s."""
 
     def __init__(self, arm: str, params: Params, train: Split, val: Split, task, device: torch.device,
                  contract: dict[str, Any], sizes: Sizes | None = None):
@@ -55,15 +54,18 @@ class ArmTimer:
         self.train, self.val, self.batch_size = train, val, tp.batch_size
 
     def round(self, steps: int) -> float | None:
-        """Train ``steps`` steps (passes over the split's batches as needed, as training does); the median of the
-        round's windows after its first (None: none was kept)."""
+        """Train ``steps`` steps (passes over the split's batches as needed, as training does); the fastest of the
+        round's windows after its first (None: none was kept). Fastest, not median: another process's load only
+        ever slows a window down, so on a busy machine the fastest window is the one least disturbed (timeit's
+        rule). Here, with the two cores kept busy by other processes, one round's ratio of an arm to itself
+        scattered by ±2–4% this way and by ±20–24% with the median; quiet, both ±1–5%."""
         self.policy.apply_backend_flags()
         n = min(len(self.train), steps * self.batch_size)
         part = self.train if n == len(self.train) else Split(self.train.x[:n], self.train.y[:n], self.train.norm)
         passes = math.ceil(steps / max(1, len(part) // self.batch_size))
         cfg = dataclasses.replace(self.cfg, train=_OneRound(self.cfg.train._train, self.state.epoch + passes))
         kept = [w for record in fit(self.state, part, self.val, self.policy, cfg) for w in record.windows][1:]
-        return statistics.median(kept) if kept else None
+        return max(kept) if kept else None
 
 
 @dataclass(frozen=True)
@@ -104,22 +106,36 @@ def measure(params: Params, train: Split, val: Split, task, device: torch.device
         except ArmUnavailable as exc:
             skipped[arm] = str(exc)
     budgets = {arm: Budget(sp, sp.seconds) for arm in timers}
-    rounds: dict[str, list[float | None]] = {arm: [] for arm in timers}
-    for r in range(sp.rounds + 1):
-        if between_rounds is not None:
-            between_rounds(r)
-        for arm in timers:
-            steps = _round_steps(budgets[arm], r, sp)
-            result: list[float | None] = [None]
-            if steps:
-                budgets[arm].run(steps, lambda n, a=arm, out=result: out.__setitem__(0, timers[a].round(n)))
-            if r:  # round 0 warms up and sizes the budget
-                rounds[arm].append(result[0])  # None: the budget left no room for this round
+    rounds = interleave(timers, sp.rounds + 1, lambda arm, r: _round_steps(budgets[arm], r, sp), between_rounds,
+                        budgets)
+    rounds = {arm: values[1:] for arm, values in rounds.items()}  # round 0 warms up and sizes the budget
     budget = {arm: b.record() for arm, b in budgets.items()}
     timers.clear()  # throughput needed every arm alive; memory needs each one alone
     memory = isolated_memory(params, train, val, task, device, contract, list(rounds), sp)
     return {"device": fingerprint(device)["device_name"], "device_type": device.type, "params": asdict(sp),
             "skipped": skipped, **summarise(rounds), "budget": budget, "memory": memory}
+
+
+def interleave(timers: dict[str, ArmTimer], rounds: int, steps: Callable[[str, int], int],
+               between_rounds: Callable[[int], None] | None = None,
+               budgets: dict[str, Any] | None = None) -> dict[str, list[float | None]]:
+    """Each timer's samples/s in rounds 0 … ``rounds`` − 1, every arm once per round for ``steps(arm, r)`` steps
+    (0: not this round, None recorded), in the order A B C, then C B A, A B C …: the order alternates so that
+    whatever favours a place in the round (the arm after the longest one, a load that grows or fades) favours
+    each arm equally over two rounds. ``budgets`` (``bench.budget.Budget`` per arm) are charged with the rounds'
+    time."""
+    out: dict[str, list[float | None]] = {arm: [] for arm in timers}
+    order = list(timers)
+    for r in range(rounds):
+        if between_rounds is not None:
+            between_rounds(r)
+        for arm in (order if r % 2 == 0 else order[::-1]):
+            n, result = steps(arm, r), [None]
+            if n:
+                one = lambda k, a=arm, res=result: res.__setitem__(0, timers[a].round(k))  # noqa: E731
+                budgets[arm].run(n, one) if budgets else one(n)
+            out[arm].append(result[0])
+    return out
 
 
 def run(params: Params, data_dir) -> dict[str, Any]:

@@ -253,7 +253,7 @@ class SpeedParams(_Section):
     __pydantic_config__ = _FORBID_EXTRA
 
     rounds: Annotated[int, knob("interleaved rounds after a warm-up round: every arm steps once per round, A B C "
-                                "A B C …, so a neighbour's load lands on all of them", ge=1, le=10_000)] = 9
+                                "then C B A …, so a neighbour's load lands on all of them", ge=1, le=10_000)] = 9
     steps: Annotated[int, knob("optimizer steps per arm and round (at most: the budget may cut them)", ge=2,
                                le=10**6)] = 60
     window: Annotated[int, knob("steps per timing window (one device sync each); a round's first window is not "

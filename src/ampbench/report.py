@@ -200,10 +200,10 @@ def _throughput(arms: list[ArmReport], comparison: dict[str, dict]) -> list[str]
     or input-bound arm."""
     base = comparison.get(BASELINE, {})
     interleaved = base.get("speed_source") == "interleaved"
-    lines = ["", ("Speed: every arm timed in one process by the speed stage, interleaved round by round (A B C A B C "
-                  "…), so other load on the machine lands on every arm alike: the median over rounds of each round's "
-                  "ratio to fp32, with a distribution-free interval over rounds. Training-time throughput (each arm "
-                  "in its own process, at its own time) is the secondary figure." if interleaved else
+    lines = ["", ("Speed: every arm timed in one process by the speed stage, interleaved round by round (A B C, "
+                  "C B A, …), so other load on the machine lands on every arm alike: the median over rounds of each "
+                  "round's ratio to fp32, with a distribution-free interval over rounds. Training-time throughput "
+                  "(each arm in its own process, at its own time) is the secondary figure." if interleaved else
                   "Speed from training time: each arm timed in its own process at its own time, so other load on the "
                   "machine can land on one arm and not another (no reports/interleaved.json: run the speed stage)."),
              "", "Throughput, peak memory, and the share of training time spent waiting for the next batch:", ""]

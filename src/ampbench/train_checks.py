@@ -35,7 +35,7 @@ def check_model(params: Params, data: Prepared, task: Task, device: torch.device
     """Build train.model once and run a dry forward and backward on two training samples on ``device``, with
     training's determinism settings: ModelError (one line) before any work. Returns the model's identity."""
     tp = params.train
-    set_deterministic(tp.deterministic, tp.cudnn_benchmark)
+    set_deterministic(tp.deterministic, tp.cudnn_benchmark, tp.compile)
     spec, contract = ModelSpec.from_train(tp), task.model_args(data.meta)
     if tp.fp32_modules:  # a pattern that matches nothing would silently leave the layer in 16 bits
         try:
@@ -84,7 +84,7 @@ def check_16_bit_work(arm: str, policy, params: Params, data: Prepared, task: Ta
     tp = params.train
     if not (policy.low_precision and tp.fp32_modules):
         return
-    set_deterministic(tp.deterministic, tp.cudnn_benchmark)
+    set_deterministic(tp.deterministic, tp.cudnn_benchmark, tp.compile)
     model = policy.prepare_model(build_for(ModelSpec.from_train(tp), task.model_args(data.meta)).to(device))
     x = policy.cast_input(data.train.inputs(data.train.x[:2]).to(device))
     counted = count_step_flops(model, policy, x, data.train.y[:2].to(device), task)

@@ -147,7 +147,7 @@ def build_run(tp: TrainParams, policy: PrecisionPolicy, contract: dict, device: 
     from ampbench.model_factory import ModelSpec, build_for
 
     seed_everything(seed)
-    set_deterministic(tp.deterministic, tp.cudnn_benchmark)
+    set_deterministic(tp.deterministic, tp.cudnn_benchmark, tp.compile)
     policy.apply_backend_flags()
     model = policy.prepare_model(build_for(ModelSpec.from_train(tp), contract).to(device).to(
         memory_format=memory_format(tp)))
