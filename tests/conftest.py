@@ -32,7 +32,7 @@ def _merged(base: dict, over: dict) -> dict:
 
 # The repo's params.yaml with tiny overrides: a complete file, as DVC needs every key a stage lists.
 _TINY_OVERRIDES = {
-    "prepare": {"dataset": "digits", "seed": 0, "max_train": 240},
+    "prepare": {"dataset": "digits", "seed": 0, "max_train": 240, "val_fraction": 0.15, "test_fraction": 0.15},
     "train": {"precisions": ["fp32", "tf32", "fp16", "bf16"], "seeds": [0], "device": "cpu", "model": "small_cnn",
               "epochs": 1, "batch_size": 32, "progress": False},
     "speed": {"rounds": 3, "steps": 6, "window": 3, "warmup_steps": 3, "seconds_per_arm": 3},
@@ -42,7 +42,15 @@ _TINY_OVERRIDES = {
 TINY = _merged(Params().to_dict(), _TINY_OVERRIDES)  # the schema's defaults, not the workspace's params.yaml
 
 
+# The longest test files first: `make test` runs files on two workers (pytest-xdist, --dist loadfile, in this
+# order), and a long file started last would run alone at the end.
+LONGEST_FIRST = ("test_e2e.py", "test_faults.py", "test_gpu_slot.py", "test_reliability.py", "test_team_server.py",
+                 "test_bench.py", "test_language_model.py", "test_cli.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

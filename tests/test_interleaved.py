@@ -97,6 +97,7 @@ def test_interleaving_alternates_the_order_round_by_round():
     assert "".join(seen) == "ABCCBAAC" and out == {"A": [5.0] * 3, "B": [5.0, 5.0, None], "C": [5.0] * 3}
 
 
+@pytest.mark.timing
 def test_a_neighbours_load_moves_the_interleaved_ratio_little_and_the_separate_one_a_lot(two_fp32_timers):
     """Rounds A B, B A, …: a hog (busy processes, three per core) runs through a third of them, from round 3 (its
     end lands inside a round); the median over rounds of B/A stays within 10% of the same measurement without the

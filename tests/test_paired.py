@@ -15,7 +15,6 @@ from scipy import stats as st
 
 from ampbench.stats import (
     SeedNoise,
-    cluster_variances,
     paired_accuracy,
     paired_ci,
     paired_mean,
@@ -23,9 +22,11 @@ from ampbench.stats import (
     tango_interval,
     tango_statistic,
 )
+from ampbench.variance import components
 from ampbench.verdicts import against_noise, differs_from_zero, not_worse, one_sided_level, verdict
 
 Z95 = st.norm.ppf(0.975)
+T269 = st.t.ppf(0.975, 269)  # the examples' degrees of freedom of 270 test examples
 MARGIN = 0.005  # 0.5 pp, the default
 
 
@@ -78,14 +79,31 @@ def test_no_discordant_pair_still_gives_the_width_the_pairs_allow():
     assert high == pytest.approx(Z95**2 / (810 + Z95**2)) and low == pytest.approx(-high)
 
 
-def test_cluster_variances_against_variances_of_means():
+def test_variance_components_against_a_two_way_anova_by_hand():
+    """Mean squares from numpy's variances of seed and example means and the residual table; the components and
+    the variance of the mean at another design from their textbook formulas."""
     rng = np.random.default_rng(0)
-    d = rng.integers(-1, 2, size=(4, 50)).astype(float)
-    v = cluster_variances(d)
+    d = rng.integers(-1, 2, size=(4, 50)).astype(float) + rng.normal(0, 0.5, (4, 1))  # a seed effect on top
+    v = components(d)
+    s, n = d.shape
+    resid = d - d.mean(axis=1, keepdims=True) - d.mean(axis=0, keepdims=True) + d.mean()
+    ms_seed, ms_ex = n * np.var(d.mean(axis=1), ddof=1), s * np.var(d.mean(axis=0), ddof=1)
+    ms_res = (resid**2).sum() / ((s - 1) * (n - 1))
+    assert (v.ms_seed, v.ms_example, v.ms_residual) == pytest.approx((ms_seed, ms_ex, ms_res))
     assert v.iid == pytest.approx(np.var(d, ddof=1) / d.size)
-    assert v.seed == pytest.approx(np.var(d.mean(axis=1), ddof=1) / 4)
-    assert v.example == pytest.approx(np.var(d.mean(axis=0), ddof=1) / 50)
-    assert v.two_way == pytest.approx(v.seed + v.example - v.iid)
+    assert ms_seed > ms_res and v.seed == pytest.approx((ms_seed - ms_res) / n)
+    assert v.example == max(0.0, (ms_ex - ms_res) / s) and v.example_variance == pytest.approx(ms_ex / (s * n))
+    total, examples_part, one_seed = v.predicted(6, 80)
+    assert total == pytest.approx(v.seed / 6 + v.example / 80 + v.residual / 480)
+    assert examples_part == pytest.approx(v.example / 80 + v.residual / 480)
+    assert one_seed == pytest.approx(v.seed + (v.example + v.residual) / 80)
+    # The same examples in every seed: the examples' part alone, each example counted once.
+    flat = components(np.tile(rng.integers(-1, 2, 50).astype(float), (4, 1)))
+    assert flat.ms_seed == 0 and flat.seed == 0 and flat.example_variance == pytest.approx(flat.ms_example / 200)
+    assert flat.design_effect == pytest.approx(4 * 199 / 196, rel=0.02)
+    one = components(d[:1])
+    assert (one.seed, one.example_variance) == (0.0, pytest.approx(np.var(d[0], ddof=1) / n))
+    assert one.predicted(3, n)[0] == pytest.approx(np.var(d[0], ddof=1) / (3 * n))  # from one seed: all σ_w²
 
 
 # The outcome patterns of issue 13, on the default data's shape: 3 seeds × 270 test images = 810 pairs.
@@ -93,7 +111,7 @@ def test_cluster_variances_against_variances_of_means():
 def test_identical_outputs_are_equivalent_with_an_honest_width():
     s = paired_accuracy(*outcomes(3, 270))
     assert (s.mean, s.arm_right_fp32_wrong, s.fp32_right_arm_wrong) == (0.0, 0, 0)
-    assert s.ci_high == pytest.approx(Z95**2 / (810 + Z95**2))  # ±0.47 pp, not ±0
+    assert s.ci_high == pytest.approx(T269**2 / (810 + T269**2))  # ±0.48 pp, not ±0
     assert verdict(s, MARGIN)[0] == "equivalent"
 
 
@@ -127,7 +145,7 @@ def test_the_same_images_flipping_in_every_seed_count_once():
     same = {s: [1, 2, 3, 4] for s in range(3)}
     s = paired_accuracy(*outcomes(3, 270, fp32_only=same))
     assert s.design_effect == pytest.approx(3, rel=0.01)  # 12 discordant pairs, but only 4 images
-    low, high = tango_interval(0, 12 / s.design_effect, 810 / s.design_effect)
+    low, high = tango_interval(0, 12 / s.design_effect, 810 / s.design_effect, critical=T269)
     assert (s.ci_low, s.ci_high) == pytest.approx((low, high))
     assert differs_from_zero(s) and verdict(s, MARGIN)[0] == "inconclusive"  # 4 images cannot prove > 0.5 pp
 
@@ -139,6 +157,15 @@ def test_seeds_that_disagree_widen_the_interval_to_the_seed_t_interval():
     t = paired_ci([5 / 270, -5 / 270, 0.0])
     assert (s.ci_low, s.ci_high) == pytest.approx((t.ci_low, t.ci_high))
     assert verdict(s, MARGIN)[0] == "inconclusive"
+
+
+def test_seeds_that_agree_as_example_sampling_predicts_add_no_width():
+    """Flips spread evenly over the seeds (3 per seed, on different images): the seeds differ no more than
+    example sampling explains, so the interval is the pooled score interval, at the examples' degrees of freedom."""
+    arm, ref = outcomes(3, 270, fp32_only={0: [1, 2, 3], 1: [4, 5, 6], 2: [7, 8, 9]})
+    s = paired_accuracy(arm, ref)
+    assert s.design_effect == 1.0
+    assert (s.ci_low, s.ci_high) == pytest.approx(tango_interval(0, 9, 810, critical=T269))
 
 
 def test_non_finite_logits_give_no_interval():

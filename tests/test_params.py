@@ -37,12 +37,14 @@ def test_dvc_yaml_params_lists_are_derived_from_the_schema():
     # The train stages do not depend on the list of arms (dvc.yaml's matrix makes one stage per entry)...
     assert "train.precisions" not in stage_params("train") and "train.precisions" in stage_params("evaluate")
     # ...nor on the progress bar; evaluate reads no training knob but the device, the seeds, the task (its code and
-    # its block size: it cuts the test text as training did), the model's code (it rebuilds the trained models) and
-    # the modules kept in float32 (it predicts as the arm trained).
+    # its block size: it cuts the test text as training did), the model's code (it rebuilds the trained models),
+    # the batch size (a step's time, for time to fp32's quality) and the modules kept in float32 (it predicts as
+    # the arm trained).
     assert not [k for s in ("prepare", "train", "evaluate") for k in stage_params(s) if k == "train.progress"]
     assert [k for k in stage_params("evaluate") if k.startswith("train.")] == [
         "train.precisions", "train.seeds", "train.device", "train.task", "train.task_code", "train.block_size",
-        "train.model_code", "train.fp32_modules"]
+        "train.model_code", "train.batch_size", "train.fp32_modules"]
+    assert "train.eval_every" in stage_params("train") and "train.eval_every" not in stage_params("speed")
 
 
 def test_every_key_is_documented():

@@ -113,5 +113,5 @@ def test_layout_matches_dvc_yaml():
                 for o in stages["evaluate"]["outs"] + stages["evaluate"]["metrics"]}
     assert "plots" not in stages["evaluate"]  # a stage-level plot would draw a raw panel beside the top-level ones
     assert declared == {str(p) for p in (reports.report, reports.details, reports.figures, reports.comparison,
-                                         reports.speed, reports.curves)}
+                                         reports.speed, reports.curves, reports.quality)}
     assert str(layout.RESUME) in (ROOT / ".gitignore").read_text()  # resume checkpoints are never DVC outputs

@@ -65,7 +65,8 @@ def test_a_truncated_idx_file_is_refused_by_name(tmp_path):
                     reason="Debian's dataset-fashion-mnist is not installed")
 def test_debians_fashion_mnist_folder_works_as_raw_dir(tmp_path):
     d = prepare(PrepareParams(dataset="fashion_mnist", raw_dir=str(DEBIAN_FASHION)), DEBIAN_FASHION)
-    assert d.meta["sizes"] == {"train": 51000, "val": 9000, "test": 10000}
+    assert d.meta["sizes"] == {"train": 54000, "val": 6000, "test": 10000}  # val: 10% of the publisher's train
+    assert (d.meta["test_from"], d.meta["test_available"]) == ("publisher", 10000)
     assert d.meta["source"] == str(DEBIAN_FASHION)
     size = sum(s.x.numel() * s.x.element_size() for s in (d.train, d.val, d.test))
     assert size == 70000 * 28 * 28  # one byte per pixel: 4× smaller than float32

@@ -4,6 +4,7 @@ a diverged one. Only decisions here; ``report.py`` renders them.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ampbench.arms import BASELINE, TF32_REFERENCE, adoption_code
@@ -57,6 +58,71 @@ def more_seeds(seeds: list[int]) -> list[int]:
     return out
 
 
+def seeds_line(count: int, ran: list[int]) -> str:
+    """The rerun with ``count`` seeds, keeping those that ran."""
+    seeds, k = list(ran), 0
+    while len(seeds) < count:
+        if k not in seeds:
+            seeds.append(k)
+        k += 1
+    return f".venv/bin/dvc exp run --temp -S 'train.seeds=[{','.join(map(str, seeds))}]'"
+
+
+def examples_setting(needed: int, now: int, context: dict[str, Any]) -> tuple[str | None, str]:
+    """The ``-S`` settings that give ``needed`` test examples (sequences, for a language model) where the
+    evaluation had ``now``: a lifted prepare.max_test or a larger prepare.test_fraction; (None, why) when the data
+    set cannot give that many, or ("", "") when it is not known how its test split was made."""
+    prep, test = context.get("prepare") or {}, context.get("test") or {}
+    size, available, source = test.get("size"), test.get("available"), test.get("from")
+    if not (size and available and source and now):
+        return None, ""
+    uncapped = now * available / size  # what the test split holds without prepare.max_test's cut
+    if needed <= uncapped:
+        return f"-S prepare.max_test={math.ceil(needed * size / now)}", ""
+    if source == "publisher":
+        return None, f"the data set's own test split has {int(uncapped):,}"
+    fraction = math.ceil(100 * prep["test_fraction"] * needed / uncapped) / 100
+    if fraction >= 1 - prep["val_fraction"]:
+        return None, f"the whole data set holds about {round(uncapped / prep['test_fraction']):,}"
+    if fraction >= 0.5:  # prepare.test_fraction's bound: at least half the data stays for training and validation
+        return None, f"that is {fraction:.0%} of the data set, and prepare.test_fraction stays below 50%"
+    if fraction + prep["val_fraction"] > 0.8:
+        return None, f"{needed:,} would leave less than a fifth of the data set to train on"
+    capped = prep.get("max_test") is not None and available > size
+    return f"-S prepare.test_fraction={fraction:g}" + (" -S prepare.max_test=null" if capped else ""), ""
+
+
+def plan_lines(arm: str, plans: list[dict[str, Any]], context: dict[str, Any]) -> list[str]:
+    """One line per plan (``plan.py``): the test examples or seeds that give 80% power to decide, each with the
+    rerun that runs it."""
+    by_loss = decided_by_loss(context.get("task"))
+    unit = "test sequences" if by_loss else "test examples"
+    lines = []
+    for p in plans:
+        s, n = p["seeds_now"], p["examples_now"]
+        delta = f"{p['delta']:+.4f} nats" if by_loss else f"{100 * p['delta']:+.2f} pp"
+        at = f"if the true difference is the observed {delta}" if p["assumed"] == "observed" else \
+            "if the arms did not differ at all"
+        options = []
+        if p["examples"] is None:
+            options.append(f"no number of {unit} at these {s} seed{'s' * (s != 1)} ({p['why_not_examples']})")
+        elif p["examples"] <= n:
+            options.append(f"the {n:,} {unit} that ran should already give it (this result was the unlucky 1 in "
+                           f"{1 / max(1 - p['power_now'], 1e-9):.0f})")
+        else:
+            setting, why = examples_setting(p["examples"], n, context)
+            how = f": `.venv/bin/dvc exp run --temp {setting}`" if setting else (f", but {why}" if why else "")
+            options.append(f"{p['examples']:,} {unit} at these {s} seed{'s' * (s != 1)}{how}")
+        if p["seeds"] is None:
+            options.append(f"no number of seeds ({p['why_not_seeds']})")
+        else:
+            options.append(f"{p['seeds']} seeds at these {n:,} {unit}: `{seeds_line(p['seeds'], context['seeds'])}`")
+        caveat = "; planned from 1 seed, which cannot tell seed from example variation" if s == 1 else ""
+        lines.append(f"{arm}, *{p['question']}* with 80% power {at} (power now {p['power_now']:.0%}): "
+                     f"{'; or '.join(options)}{caveat}")
+    return lines
+
+
 def input_bound(merged: dict[str, dict]) -> list[str]:
     """The arms that waited for their next batch at least INPUT_BOUND_SHARE of their training time."""
     return [a for a, c in merged.items() if (c.get("input_wait_share") or 0) >= INPUT_BOUND_SHARE]
@@ -89,23 +155,40 @@ def recommendation(merged: dict[str, dict], context: dict[str, Any]) -> tuple[st
     warnings = "".join(f" Note: {w}." for w in (better_than_seed_noise(a, c, task) for a, c in candidates.items())
                        if w)
     if fit:
-        best = max(fit, key=lambda a: merged[a]["samples_per_s"])
+        # Faster to fp32's quality first (an arm that steps faster but needs more steps gains less), then speed.
+        best = min(fit, key=lambda a: (merged[a].get("time_to_fp32_quality_vs_fp32") or float("inf"),
+                                       -(merged[a]["samples_per_s"] or 0)))
         c = merged[best]
         vs_tf32 = (f", {c['speedup_vs_tf32']:.2f}× tf32's" if c.get("speedup_vs_tf32") and best != TF32_REFERENCE
                    else "")
         memory = f", {c['memory_vs_fp32']:.2f}× its peak memory" if c.get("memory_vs_fp32") else ""
         line = (f"**Recommendation: switch to {best}.** {_not_worse_text(c, task)}, the loss scaler stayed healthy, "
-                f"and it runs at {_speed_text(c)} fp32's samples/s{vs_tf32}{memory}.{warnings} In your own "
-                f"training step:{cpu}")
+                f"and it runs at {_speed_text(c)} fp32's samples/s{vs_tf32}{memory}{_quality_text(c)}.{warnings} "
+                f"In your own training step:{cpu}")
         return line, adoption_code(get_arm(best), "cuda" if context.get("device_type") != "cpu" else "cpu")
     inconclusive = any("inconclusive" in (c.get("not_worse"), c.get("loss_not_worse"), c.get("accuracy_not_worse"))
                        for c in candidates.values())
     seeds = more_seeds(context.get("seeds") or [0, 1, 2])
     more = (f" More seeds narrow the intervals: `dvc exp run --temp -S 'train.seeds=[{','.join(map(str, seeds))}]'`."
             if inconclusive else "")
+    planned = [(a, c["plans"][0]) for a, c in sorted(candidates.items(), key=lambda ac: -(ac[1].get(
+        "samples_per_s") or 0)) if c.get("plans")]
+    if planned:  # the fastest undecided arm's first plan: what would decide it (the report lists every plan)
+        more = f" To decide: {plan_lines(planned[0][0], [planned[0][1]], context)[0]}."
     why = "; ".join(reasons) if reasons else "no mixed-precision arm was trained"
     return (f"**Recommendation: stay on fp32.** No arm is both not worse and faster ({why}).{more}{warnings}{cpu}",
             "")
+
+
+def _quality_text(c: dict[str, Any]) -> str:
+    """What the recommended arm's time to fp32's quality says, when it was measured."""
+    ratio, reached = c.get("time_to_fp32_quality_vs_fp32"), c.get("seeds_reaching_fp32_quality")
+    if ratio is not None:
+        gain = "sooner" if ratio < 1 else "no sooner: it needs more steps than its speed makes up for"
+        return f"; it reaches fp32's validation loss in {ratio:.2f}× fp32's time ({gain})"
+    if reached is not None and reached < (c.get("seeds") or 0):
+        return f"; but it reached fp32's validation loss in only {reached} of {c['seeds']} seeds"
+    return ""
 
 
 def _speed_floor(c: dict[str, Any]) -> float:

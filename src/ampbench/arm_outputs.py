@@ -109,7 +109,8 @@ class ArmOutputs:
         epoch, losing nothing)."""
         if self.enabled:
             record = progress.records[-1]
-            tracking.log_epoch(record.row(), record.steps)
+            evaluations = [{"step": e["step"], "val_loss": e["val_loss"]} for e in record.evaluations]
+            tracking.log_epoch(record.row(), record.steps + evaluations)  # step/val_loss: by optimizer step
             resume.save(state, progress, job.resume_path)
 
     def seed_done(self, job: SeedJob, state: TrainState, progress: resume.SeedProgress) -> None:

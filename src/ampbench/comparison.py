@@ -37,6 +37,8 @@ class ArmReport:
     stats: dict[str, Any] = field(default_factory=dict)  # paired CIs and verdicts vs fp32
     speed: dict[str, Any] = field(default_factory=dict)  # the speed stage's row: interleaved samples/s, ratios
     numerics: dict[str, Any] = field(default_factory=dict)  # flops, peak_tflops, first_nonfinite, activations
+    quality: dict[str, Any] = field(default_factory=dict)  # time to fp32's quality (quality.arm_quality)
+    evaluations: dict[str, list] = field(default_factory=dict)  # seed → validation losses during training
 
     @property
     def ran(self) -> bool:
@@ -75,8 +77,13 @@ def paired_statistics(per_seed: dict[int, dict[str, float]], arm: Outcomes, ref:
     finite = arm.finite and ref.finite
     acc, loss = task.paired(arm.arrays, ref.arrays, confidence, finite)
     out["delta_accuracy_vs_fp32"], out["delta_loss_vs_fp32"] = acc.to_dict(), loss.to_dict()
-    out["accuracy_verdict"], out["accuracy_verdict_reason"] = verdict(acc, margins.accuracy, True, " pp", 100)
-    out["loss_verdict"], out["loss_verdict_reason"] = verdict(loss, margins.loss, False, " nats", digits=4)
+    # The verdicts read the interval at 2·confidence − 1, whose ends are one-sided bounds: equivalence as two
+    # one-sided tests, non-inferiority ("did anything degrade?") as one.
+    acc1, loss1 = task.paired(arm.arrays, ref.arrays, one_sided_level(confidence), finite)
+    out["accuracy_verdict"], out["accuracy_verdict_reason"] = verdict(acc1, margins.accuracy, True, " pp", 100,
+                                                                      one_sided=True)
+    out["loss_verdict"], out["loss_verdict_reason"] = verdict(loss1, margins.loss, False, " nats", digits=4,
+                                                              one_sided=True)
     out["accuracy_vs_seed_noise"], noise_text = against_noise(acc, noise.accuracy_floor, " pp", 100)
     out["loss_vs_seed_noise"], loss_noise_text = against_noise(loss, noise.loss_sd, " nats", digits=4)
     if acc.finite:
@@ -85,8 +92,6 @@ def paired_statistics(per_seed: dict[int, dict[str, float]], arm: Outcomes, ref:
                  else "")
         out["accuracy_verdict_reason"] += f" ({flips}the difference is {noise_text})"
         out["loss_verdict_reason"] += f" (the difference is {loss_noise_text})"
-    # Non-inferiority ("did anything degrade?"): the ends of the interval at 2·confidence − 1 are one-sided bounds.
-    acc1, loss1 = task.paired(arm.arrays, ref.arrays, one_sided_level(confidence), finite)
     out["accuracy_not_worse"], out["accuracy_not_worse_reason"] = not_worse(acc1, margins.accuracy, True, " pp", 100)
     out["loss_not_worse"], out["loss_not_worse_reason"] = not_worse(loss1, margins.loss, False, " nats", digits=4)
     out["accuracy_bound"], out["loss_bound"] = acc1.ci_low, loss1.ci_high  # the bad side of each
@@ -95,7 +100,23 @@ def paired_statistics(per_seed: dict[int, dict[str, float]], arm: Outcomes, ref:
     out["not_worse"], out["not_worse_reason"] = out[f"{decided}_not_worse"], out[f"{decided}_not_worse_reason"]
     out["vs_seed_noise"] = out[f"{decided}_vs_seed_noise"]
     out["differs_from_fp32"] = differs_from_zero(acc if decided == "accuracy" else loss)
+    out["plans"] = _plans(acc if decided == "accuracy" else loss, out, margins, confidence, decided)
     return out
+
+
+def _plans(s, out: dict[str, Any], margins: Margins, confidence: float, decided: str) -> list[dict[str, Any]]:
+    """Sample-size plans (``plan.py``) for the deciding metric's verdicts that came out inconclusive."""
+    from ampbench.plan import Design, plans
+    from ampbench.variance import Components
+
+    undecided = [q for q, key in (("not worse", "not_worse"), ("equivalent", "verdict")) if out[key] == "inconclusive"]
+    if not undecided or not s.finite or s.components is None:
+        return []
+    discrete = decided == "accuracy" and s.fp32_right_arm_wrong is not None
+    discordance = (s.arm_right_fp32_wrong + s.fp32_right_arm_wrong) / s.pairs if discrete else None
+    margin = margins.accuracy if decided == "accuracy" else margins.loss
+    design = Design(Components.from_dict(s.components), discordance, margin, confidence, decided == "accuracy")
+    return [p.to_dict() for p in plans(design, undecided, s.mean)]
 
 
 def tables(reports: list[ArmReport], noise: SeedNoise, margins: Margins,
@@ -148,7 +169,10 @@ def comparison_row(r: ArmReport, noise: SeedNoise, margins: Margins, task=None) 
            "agreement_vs_fp32": round(s["agreement_vs_fp32"], 6), "kl_vs_fp32": round(s["kl_vs_fp32"], 8),
            "max_abs_logit_diff_vs_fp32": round(s["max_abs_logit_diff_vs_fp32"], 6),
            "ece": _round(s.get("test_ece")), "delta_ece": _round(s.get("delta_ece_vs_fp32")),
-           "skipped_steps": t["skipped_steps"], "optimizer_steps": t.get("optimizer_steps")}
+           "skipped_steps": t["skipped_steps"], "optimizer_steps": t.get("optimizer_steps"),
+           "plans": None if base else (st.get("plans") or None),
+           "steps_to_fp32_quality_vs_fp32": _round(r.quality.get("steps_vs_fp32"), 4),
+           "seeds_reaching_fp32_quality": r.quality.get("seeds_reached") if r.quality.get("seeds") else None}
     if decided_by_loss(task):  # a language model: the loss verdict decides
         row["accuracy_verdict"] = "baseline" if base else st["accuracy_verdict"]
         row["accuracy_not_worse"] = "baseline" if base else st["accuracy_not_worse"]
@@ -191,6 +215,9 @@ def timing_row(r: ArmReport, base: ArmReport, tf32: ArmReport | None) -> dict[st
         "train_speedup_vs_fp32": _ratio(t["samples_per_s"], base.train["samples_per_s"]),
         "peak_memory_mb": round(mem, 1), "memory_vs_fp32": _ratio(mem, base_mem),
         "input_wait_share": _round(t.get("input_wait_share"), 4),
+        # Steps to fp32's quality × the speed stage's time per step, as a ratio to fp32's (quality.py).
+        "time_to_fp32_quality_vs_fp32": _round(r.quality.get("time_vs_fp32"), 4),
+        "train_time_to_fp32_quality_vs_fp32": _round(r.quality.get("train_time_vs_fp32"), 4),
     }
     if flops and own:  # achieved FLOP/s: counted FLOPs per sample × samples/s; against the GPU's peak when known
         timing["achieved_tflops"] = round(flops["per_sample"] * own / 1e12, 6)

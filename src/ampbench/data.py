@@ -92,6 +92,9 @@ def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
         return prepare_text(p, raw_dir)
     raw = load_raw(p, raw_dir)
     raw_splits = _split(raw, p)
+    # Where the test split came from and how large it was before max_test: what a sample-size plan can change.
+    test_from = "publisher" if raw.splits and "test" in raw.splits else "test_fraction"
+    test_available = len(raw_splits["test"][1])
     if p.max_train is not None:
         raw_splits["train"] = tuple(t[: p.max_train] for t in raw_splits["train"])
     if p.max_test is not None and p.max_test < len(raw_splits["test"][1]):
@@ -116,6 +119,8 @@ def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
         "mean": mean,
         "std": std,
         "seed": p.seed,
+        "test_from": test_from,
+        "test_available": test_available,
         "checksum": checksum(splits),
     }
     return Prepared(splits["train"], splits["val"], splits["test"], meta)
@@ -129,6 +134,7 @@ def prepare_text(p: PrepareParams, raw_dir: Path) -> Prepared:
     task cuts it into sequences of ``train.block_size`` when it trains."""
     tokens, read = read_tokens(Path(raw_dir))
     parts = split_by_position(tokens, p.val_fraction, p.test_fraction)
+    test_available = len(parts["test"])
     if p.max_train is not None:
         parts["train"] = parts["train"][: p.max_train]
     if p.max_test is not None:
@@ -136,7 +142,8 @@ def prepare_text(p: PrepareParams, raw_dir: Path) -> Prepared:
     splits = {name: Split(t, t) for name, t in parts.items()}
     meta = {"dataset": p.dataset, "source": str(raw_dir), "kind": "tokens", "tokenizer": "utf-8 bytes",
             "vocab_size": VOCAB_SIZE, "input_shape": [], "stored_dtype": "uint8", **read,
-            "sizes": {name: len(s) for name, s in splits.items()}, "seed": p.seed, "checksum": checksum(splits)}
+            "sizes": {name: len(s) for name, s in splits.items()}, "seed": p.seed, "test_from": "test_fraction",
+            "test_available": test_available, "checksum": checksum(splits)}
     return Prepared(splits["train"], splits["val"], splits["test"], meta)
 
 

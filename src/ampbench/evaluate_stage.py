@@ -35,6 +35,7 @@ from ampbench.metrics import seed_noise, summarise_seeds
 from ampbench.model_factory import ModelSpec, build_for
 from ampbench.params import Params
 from ampbench.precision import resolve_device, resolve_policy
+from ampbench.quality import attach_quality, quality_metrics
 from ampbench.records import check_history, check_summary
 from ampbench.splits import Split
 from ampbench.stats import resolve_margins
@@ -93,7 +94,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
                   tags: dict[str, str], speed_path: Path | None = None) -> dict[str, Any]:
     """Evaluate every arm on the test split against the baseline of the same seed; write reports; log to MLflow.
     Speed from the speed stage's ``speed_path`` (reports/interleaved.json) when it exists."""
-    from ampbench.advice import recommendation
+    from ampbench.advice import plan_lines, recommendation
 
     tp, ev = params.train, params.evaluate
     tracking.check_uri(tracking.store_uris(project_root)[0])  # a store it cannot log to: before any report is written
@@ -114,6 +115,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     base = next(r for r in reports if r.arm == BASELINE)
     noise = seed_noise(base.per_seed, predictions)
     margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
+    attach_quality(reports, summaries, margins.loss)
     for r in reports:
         if r.ran:
             r.stats = paired_statistics(r.per_seed, outcomes[r.arm], outcomes[BASELINE], margins, noise,
@@ -125,8 +127,10 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     with published_together(reports_dir) as staging:  # all reports replaced at once, or none
         _write_reports(reports, comparison, speed, details, context, advice, ReportFiles(staging), task)
     log(advice[0].replace("**", ""))
+    plans = {arm: " | ".join(plan_lines(arm, row["plans"], context)).replace("`", "")[:5000]
+             for arm, row in comparison.items() if row.get("plans")}
     _log_evaluation(params, project_root, tags, advice[0].replace("**", ""), reports, summaries, comparison, speed,
-                    ReportFiles(reports_dir), dvc_md5(data_dir))
+                    ReportFiles(reports_dir), dvc_md5(data_dir), plans)
     return comparison
 
 
@@ -186,7 +190,10 @@ def _context(params: Params, task, meta: dict, base: dict, device: torch.device,
     context = {"task": task, "dataset": meta["dataset"], "model": base["model"], "seeds": params.train.seeds,
                "epochs": base["epochs"], "device_name": hw["device_name"], "device_type": device.type,
                "margins": margins, "noise": noise, "margin_pp": 100 * margins.accuracy,
-               "confidence": params.evaluate.confidence}
+               "confidence": params.evaluate.confidence, "prepare": params.prepare.to_dict(),
+               "batch_size": params.train.batch_size,
+               "test": {"size": meta["sizes"]["test"], "from": meta.get("test_from"),
+                        "available": meta.get("test_available")}}
     if device.type == "cpu":
         from ampbench.advice import cpu_note
 
@@ -208,28 +215,32 @@ def _numerics(summary: dict) -> dict[str, Any]:
 
 def _write_reports(reports, comparison, speed, details, context, advice: tuple[str, str], files: ReportFiles,
                    task=None) -> None:
-    from ampbench.figures import accuracy_delta_figure, curves_figure, speed_memory_figure
-    from ampbench.report import curve_rows, markdown_report
+    from ampbench.figures import accuracy_delta_figure, curves_figure, quality_figure, speed_memory_figure
+    from ampbench.report import curve_rows, markdown_report, quality_rows
 
     slim, fast = shown(comparison, speed, task)
     atomic_write_json(files.comparison, slim)
     atomic_write_json(files.speed, fast)
     atomic_write_json(files.details, details)
     atomic_write_json(files.curves, curve_rows(reports))
+    quality = quality_rows(reports, context["batch_size"])
+    atomic_write_json(files.quality, quality)
     merged = {arm: {**row, **speed.get(arm, {})} for arm, row in comparison.items()}
     atomic_write_text(files.report, markdown_report(reports, merged, context, advice))
     figures = files.figures
     atomic_savefig(curves_figure(reports), figures / "curves.png")
     atomic_savefig(accuracy_delta_figure(reports, context["margin_pp"]), figures / "accuracy_delta.png")
     atomic_savefig(speed_memory_figure(merged), figures / "speed_memory.png")
+    atomic_savefig(quality_figure(quality, merged), figures / "time_to_quality.png")
 
 
 def _log_evaluation(params, project_root, tags, advice: str, reports, summaries, comparison, speed,
-                    files: ReportFiles, data_md5: str) -> None:
+                    files: ReportFiles, data_md5: str, plans: dict[str, str]) -> None:
     """Onto each arm × seed run: its test metrics, the short sortable columns (``test_acc``, ``d_acc_pp``,
-    ``speed_x``) and the arm's verdict as tags. Onto the execution's parent run (``tracking.evaluation_parent``):
-    every arm's numbers as ``<arm>.<metric>``, the baseline's noise and margins once, the verdicts and the
-    recommendation as tags, the evaluate params, the report and figures."""
+    ``speed_x``) and the arm's verdict and, when undecided, its sample-size plan as tags. Onto the execution's
+    parent run (``tracking.evaluation_parent``): every arm's numbers as ``<arm>.<metric>``, the baseline's noise
+    and margins once, the verdicts, plans (``plan.<arm>``) and the recommendation as tags, the evaluate params,
+    the report and figures."""
     experiment_id = tracking.setup(project_root, params.mlflow.experiment)
     run_ids: list[str] = []
     for r in sorted((r for r in reports if r.ran), key=lambda r: r.arm != BASELINE):  # baseline's runs first
@@ -239,6 +250,8 @@ def _log_evaluation(params, project_root, tags, advice: str, reports, summaries,
         if r.arm != BASELINE:
             arm_tags.update({"verdict_reason": r.stats["verdict_reason"], "vs_seed_noise": r.stats["vs_seed_noise"],
                              "not_worse_reason": r.stats["not_worse_reason"]})
+            if r.arm in plans:
+                arm_tags["plan"] = plans[r.arm]
         for seed, m in r.per_seed.items():
             run_id = summaries[r.arm]["seeds"][str(seed)]["run_id"]
             if not tracking.run_exists(run_id):
@@ -250,6 +263,7 @@ def _log_evaluation(params, project_root, tags, advice: str, reports, summaries,
                             "d_acc_pp": round(100 * m["delta_accuracy_vs_fp32"], 4)})
             if arm_row.get("speedup_vs_fp32") is not None:
                 metrics["speed_x"] = arm_row["speedup_vs_fp32"]
+            metrics.update(quality_metrics(r.quality, seed))
             tracking.log_to(run_id, metrics, arm_tags)
     flat = {f"{arm}.{k}": v for table in (comparison, speed) for arm, row in table.items() for k, v in row.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -258,6 +272,7 @@ def _log_evaluation(params, project_root, tags, advice: str, reports, summaries,
              "seeds": ",".join(map(str, params.train.seeds)),
              **{f"verdict.{arm}": row["verdict"] for arm, row in comparison.items()},
              **{f"not_worse.{arm}": row["not_worse"] for arm, row in comparison.items() if "not_worse" in row},
+             **{f"plan.{arm}": text for arm, text in plans.items()},
              **{f"{r.status}.{r.arm}": r.skipped_reason[:5000] for r in reports if not r.ran}}
     evaluate_params = tracking.flatten("evaluate", params.evaluate.to_dict())
     key = json_digest(evaluate_params, 24)

@@ -1,5 +1,5 @@
 """The report's figures (PNG, matplotlib without a display): Δaccuracy with its interval per arm, speed and memory
-× fp32, and the training curves of every arm and seed.
+× fp32, the training curves of every arm and seed, and validation loss against time.
 """
 
 from __future__ import annotations
@@ -81,5 +81,31 @@ def curves_figure(arms: list[ArmReport]):
     axes.flat[3].set_yscale("log", base=2)
     axes.flat[0].legend(fontsize=7, ncol=2)
     fig.suptitle("ampbench: training curves per precision arm")
+    fig.tight_layout()
+    return fig
+
+
+def quality_figure(rows: list[dict], comparison: dict[str, dict]):
+    """Validation loss against time per arm (``report.quality_rows``: steps × the speed stage's time per step),
+    one colour per arm and a dash per seed; each arm's time to fp32's quality in its legend entry."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    for i, arm in enumerate(arms):
+        seeds = sorted({r["seed"] for r in rows if r["arm"] == arm})
+        for j, seed in enumerate(seeds):
+            points = [r for r in rows if r["arm"] == arm and r["seed"] == seed]
+            ratio = comparison.get(arm, {}).get("time_to_fp32_quality_vs_fp32")
+            label = (f"{arm} ({'baseline' if arm == BASELINE else 'n/a' if ratio is None else f'{ratio:.2f}× fp32'}"
+                     " to fp32's loss)") if j == 0 else None
+            ax.plot([p["seconds"] for p in points], [p["val_loss"] for p in points], color=colours[i % len(colours)],
+                    linestyle=("-", "--", ":", "-.")[j % 4], alpha=0.85, label=label)
+    ax.set_xlabel("time, s (optimizer steps × the speed stage's time per step)")
+    ax.set_ylabel("validation loss")
+    ax.grid(alpha=0.3)
+    if arms:
+        ax.legend(fontsize=8)
+    ax.set_title("validation loss against time: time to fp32's quality")
     fig.tight_layout()
     return fig

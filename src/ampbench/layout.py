@@ -74,6 +74,11 @@ class ReportFiles:
         return self.root / "curves.json"
 
     @property
+    def quality(self) -> Path:
+        """DVC plots: validation loss against time, one row per arm, seed and evaluation."""
+        return self.root / "quality.json"
+
+    @property
     def report(self) -> Path:
         return self.root / "report.md"
 
@@ -84,4 +89,4 @@ class ReportFiles:
     @property
     def tracked(self) -> list[Path]:
         """The files logged as artifacts of the execution's MLflow parent run (figures go in their own folder)."""
-        return [self.report, self.comparison, self.speed, self.details, self.curves]
+        return [self.report, self.comparison, self.speed, self.details, self.curves, self.quality]

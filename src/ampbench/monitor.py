@@ -127,6 +127,11 @@ class WindowTimer:
         sync(self.device)
         return time.perf_counter() - self.t0
 
+    def shift(self, seconds: float) -> None:
+        """Leave ``seconds`` of other work (an evaluation between steps) out of the epoch and the open window."""
+        self.t0 += seconds
+        self.window_t0 += seconds
+
     def take(self) -> list[float]:
         """The windows kept since the last call."""
         taken, self.windows = self.windows, []

@@ -26,7 +26,7 @@ SECTION_STAGES = {"prepare": ("prepare",), "train": ("train",), "speed": ("speed
                   "mlflow": ("train", "evaluate")}
 # The speed stage times every arm's training step, so it reads every train key that shapes a step (the input path
 # too) — but not the run's length, its seeds or the progress bar. params_sync applies this to the train keys.
-NOT_READ_BY_SPEED = ("train.seeds", "train.epochs", "train.progress", "train.nproc_per_node")
+NOT_READ_BY_SPEED = ("train.seeds", "train.epochs", "train.progress", "train.nproc_per_node", "train.eval_every")
 def at_least(bound: float, most: float | None = None):
     """Bounds for one member of a union (``float | Literal["auto"]``, where a knob's ge would also be applied to
     the string) or of a list (each seed)."""
@@ -104,9 +104,9 @@ class PrepareParams(_Section):
         "readers)", min_length=1)] = "src/ampbench/datasets.py"
     download: Annotated[bool, knob("torchvision sets: fetch into raw_dir when missing (needs network)")] = False
     seed: Annotated[int, knob("seeds the train/val/test split", ge=0, le=SEED_MAX)] = 0
-    val_fraction: Annotated[float, knob("share of the data held out for validation", gt=0, lt=0.5)] = 0.15
+    val_fraction: Annotated[float, knob("share of the data held out for validation", gt=0, lt=0.5)] = 0.1
     test_fraction: Annotated[float, knob("share held out for testing; ignored for data sets with an official "
-                                         "test split", gt=0, lt=0.5)] = 0.15
+                                         "test split", gt=0, lt=0.5)] = 0.25
     max_train: Annotated[int | None, knob("cap on training samples (null: all)", ge=10, le=10**9)] = None
     max_test: Annotated[int | None, knob(
         "cap on test samples, a seeded random subset (null: all); fewer test samples widen the verdicts' "
@@ -152,7 +152,7 @@ class TrainParams(_Section):
     seeds: Annotated[list[Annotated[int, at_least(0, SEED_MAX)]], knob(
         "each arm trains once per seed and is compared with fp32 of the same seed", stages=("train", "evaluate"),
         min_length=1, max_length=1000)] = field(
-        default_factory=lambda: [0, 1, 2])
+        default_factory=lambda: [0, 1, 2, 3, 4])
     device: Annotated[Literal["auto", "cpu", "cuda"], knob("auto (CUDA when present) | cuda | cpu",
                                                            stages=("train", "evaluate"))] = "auto"
     task: Annotated[str, knob(
@@ -189,8 +189,8 @@ class TrainParams(_Section):
     momentum: Annotated[float, knob("sgd only", ge=0, lt=1)] = 0.9
     scheduler: Annotated[Literal[SCHEDULERS], knob("constant | cosine (per epoch, to zero)")] = "cosine"
     epochs: Annotated[int, knob("passes over the training split", ge=1, le=100_000)] = 8
-    batch_size: Annotated[int, knob("samples per optimizer step (the global batch under DDP)", ge=1,
-                                    le=2**24)] = 64
+    batch_size: Annotated[int, knob("samples per optimizer step (the global batch under DDP)", ge=1, le=2**24,
+                                    stages=("train", "evaluate"))] = 64
     augment: Annotated[Literal["none", "crop_flip"], knob(
         "none | crop_flip (zero-pad 4, random crop, horizontal flip: the CIFAR recipe; the same augmented batches "
         "for every arm of a seed)")] = "none"
@@ -215,6 +215,10 @@ class TrainParams(_Section):
     telemetry_every: Annotated[int, knob("steps between sampled steps: gradient and activation ranges, the "
                                          "divergence check, the first non-finite module",
                                          ge=1, le=10**9)] = 10
+    eval_every: Annotated[int | None, knob(
+        "optimizer steps between validation losses within an epoch, for time to fp32's quality (null: four per "
+        "epoch; 0: at epoch ends only); training is unchanged and the evaluations are not timed",
+        stages=("train",), ge=0, le=10**9)] = None
     loss_multiplier: Annotated[float, knob("< 1 shrinks gradients toward fp16's underflow range (stress test of "
                                            "the scaler); reported losses stay unscaled", gt=0, le=1e6)] = 1.0
     grad_scaler: Annotated[GradScalerParams, knob("torch.amp.GradScaler settings (fp16 arm)")] = field(

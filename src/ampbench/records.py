@@ -40,6 +40,7 @@ class SeedSummary(_Strict):
     activations: list[dict[str, Any]] | None = None
     model_uri: str | None = None
     flops: dict[str, Any] | None = None
+    evaluations: list[dict[str, float]] = []  # step, seconds, val_loss: what time to fp32's quality reads
 
 
 class ArmSummary(_Strict):
@@ -74,6 +75,8 @@ class PreparedMeta(_Strict):
     scale: float | None = None
     mean: list[float] = []
     std: list[float] = []
+    test_from: str | None = None  # "publisher" (the data set's own test split) | "test_fraction" (cut from the data)
+    test_available: int | None = None  # the test split's size before prepare.max_test, in the unit of sizes
 
 
 class _History(RootModel[dict[str, list[dict[str, float | None]]]]):  # seed -> its epochs' rows of numbers

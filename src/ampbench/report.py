@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ampbench.advice import input_bound
+from ampbench.advice import input_bound, plan_lines
 from ampbench.arms import BASELINE
 from ampbench.comparison import ArmReport, decided_by_loss
 from ampbench.numerics_text import numerics_lines, short_count
+from ampbench.quality import text as quality_text
 from ampbench.speed_rounds import rounds_text
 
 CURVE_KEYS = ("train_loss", "val_loss", "val_accuracy", "loss_scale")
@@ -32,6 +33,19 @@ def curve_rows(arms: list[ArmReport]) -> list[dict[str, Any]]:
                 rows.append({"run": f"{a.arm}-seed{seed}", "arm": a.arm, "seed": seed, "epoch": r["epoch"],
                              **{k: r[k] for k in CURVE_KEYS + PLOT_EXTRA_KEYS if k in r},
                              **({} if scaled else {"loss_scale": None})})
+    return rows
+
+
+def quality_rows(arms: list[ArmReport], batch_size: int) -> list[dict[str, Any]]:
+    """Validation loss against time for ``dvc plots`` and the figure (``quality.curve_rows``): time is optimizer
+    steps × each arm's time per step from the speed stage (the training processes' own seconds without it)."""
+    from ampbench.quality import curve_rows as quality_curve
+
+    rows = []
+    for a in arms:
+        if a.ran:
+            sps = a.speed.get("samples_per_s") if a.speed else None
+            rows += quality_curve(a.arm, a.evaluations, batch_size / sps if sps else None)
     return rows
 
 
@@ -73,6 +87,7 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
             lines.append(f"- **{a.arm}**: " + " ".join(
                 f"{name[m].capitalize()}: not worse? **{st[f'{m}_not_worse']}**: {st[f'{m}_not_worse_reason']}; "
                 f"equivalent? {st[f'{m}_verdict']}: {st[f'{m}_verdict_reason']}." for m in (first, second)))
+    lines += _plans(arms, comparison, context)
     lines += _throughput(arms, comparison)
     lines += ["", "What ran per arm (read back from torch):", ""]
     for a in arms:
@@ -102,9 +117,10 @@ def _method(context: dict[str, Any]) -> str:
                 f"{seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same seed on the same "
                 f"test sequences. The {conf}% intervals of Δloss (nats per token) and Δ next-token accuracy use every "
                 "seed's per-sequence paired outcomes (sequences and seeds as clusters; docs/verdict.md). The verdict "
-                f"is the loss's: *equivalent* when its whole interval lies within ±{margins.loss:.3f} nats per token"
-                f"{' (auto)' if margins.loss_rule == 'auto' else ''} (next-token accuracy: {acc_margin}; the ends "
-                "included), *worse*/*better* when wholly outside, *invalid* when a value is not finite, else "
+                f"is the loss's: *equivalent* when both one-sided {conf}% bounds lie within ±{margins.loss:.3f} nats "
+                f"per token{' (auto)' if margins.loss_rule == 'auto' else ''} (two one-sided tests; next-token "
+                f"accuracy: {acc_margin}; the ends included), *worse*/*better* when wholly outside, *invalid* when a "
+                "value is not finite, else "
                 f"*inconclusive*. {_not_worse_sentence(conf)} "
                 f"{floor.replace('predictions', 'next-token predictions')}.")
     return (f"Data `{context.get('dataset')}`, device `{context.get('device_name')}`, "
@@ -112,9 +128,22 @@ def _method(context: dict[str, Any]) -> str:
             f"seed on the same test examples. The {conf}% intervals of Δaccuracy and Δloss use every seed's "
             "per-example paired outcomes (a score interval on the discordant pairs, widened when the same examples "
             "flip in every seed, joined with the Student-t interval over the per-seed differences; docs/verdict.md)."
-            f" Verdict: *equivalent* when the whole interval lies within the margin (accuracy {acc_margin}, "
-            f"loss {loss_margin}; its ends included), *worse*/*better* when wholly outside, *invalid* when a value "
-            f"is not finite, else *inconclusive*. {_not_worse_sentence(conf)} {floor}.")
+            f" Verdict: *equivalent* when both one-sided {conf}% bounds lie within the margin (two one-sided tests; "
+            f"accuracy {acc_margin}, loss {loss_margin}; the ends included), *worse*/*better* when wholly outside, "
+            f"*invalid* when a value is not finite, else *inconclusive*. {_not_worse_sentence(conf)} {floor}.")
+
+
+def _plans(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> list[str]:
+    """What would decide each undecided verdict: the sample-size plans (``advice.plan_lines``)."""
+    planned = [(a.arm, comparison[a.arm]["plans"]) for a in arms
+               if a.ran and a.arm != BASELINE and comparison[a.arm].get("plans")]
+    if not planned:
+        return []
+    lines = ["", "What would decide the verdicts that did not (sample-size plans: the power of the verdicts' own "
+             "procedure under the seed and example variation this run showed; docs/verdict.md):", ""]
+    for arm, plans in planned:
+        lines += [f"- {line}" for line in plan_lines(arm, plans, context)]
+    return lines
 
 
 def _not_worse_sentence(conf: int) -> str:
@@ -167,7 +196,8 @@ def _loss_table(arms: list[ArmReport], comparison: dict[str, dict], context: dic
 def _arm_table(arms: list[ArmReport], comparison: dict[str, dict], columns: str, row) -> list[str]:
     """A row per arm: ``row(arm, its comparison row)`` gives the task's columns, then speed, memory and skipped
     steps; a skipped or diverged arm says why."""
-    header = f"| arm | {columns} | speed × fp32 | speed × tf32 | memory × fp32 | skipped steps |"
+    header = (f"| arm | {columns} | speed × fp32 | time to fp32 quality × fp32 | speed × tf32 | memory × fp32 "
+              "| skipped steps |")
     lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
     for a in arms:
         name = f"{a.arm} (ablation)" if a.ablation else a.arm
@@ -175,7 +205,7 @@ def _arm_table(arms: list[ArmReport], comparison: dict[str, dict], columns: str,
             lines.append(f"| {name} | **{a.status}** | {a.skipped_reason} |" + " |" * (header.count(" | ") - 2))
             continue
         c = comparison[a.arm]
-        lines.append(f"| {name} | {row(a, c)} | {_speed_cell(c)} "
+        lines.append(f"| {name} | {row(a, c)} | {_speed_cell(c)} | {quality_text(a.quality)} "
                      f"| {_fmt(c.get('speedup_vs_tf32'), '.2f', '×')} | {_fmt(c.get('memory_vs_fp32'), '.2f', '×')} "
                      f"| {c['skipped_steps']} |")
     return lines
@@ -206,6 +236,10 @@ def _throughput(arms: list[ArmReport], comparison: dict[str, dict]) -> list[str]
                   "(each arm in its own process, at its own time) is the secondary figure." if interleaved else
                   "Speed from training time: each arm timed in its own process at its own time, so other load on the "
                   "machine can land on one arm and not another (no reports/interleaved.json: run the speed stage)."),
+             "", "Time to fp32 quality: the optimizer steps until an arm's validation loss first reaches fp32's final "
+             "validation loss of the same seed (within the loss margin), × its time per step above, as a ratio to "
+             "fp32's own (< 1: sooner; the median over seeds, or how many seeds never got there; per seed in "
+             "details.json, curves in figures/time_to_quality.png and `dvc plots show`).",
              "", "Throughput, peak memory, and the share of training time spent waiting for the next batch:", ""]
     for a in arms:
         if a.ran:

@@ -1,17 +1,25 @@
 """Paired statistics: per-example paired intervals, the seed-level t interval, seed noise and margins.
 
-Each non-baseline arm is compared with the fp32 arm *of the same seed on the same test examples*. Accuracy uses
-the per-example paired outcomes of every seed: the discordant pairs (arm right where fp32 was wrong, and the
-reverse), pooled over seeds, give Tango's score interval, with the counts deflated by a design effect ≥ 1 when the
-same examples flip in every seed or the seeds disagree more than example sampling explains (cluster-robust
-variances). The reported interval is the hull of that interval and the Student-t interval over the per-seed
-differences, so it covers both example sampling and seed-to-seed variation. It is never zero-width for accuracy:
-with no discordant pair at all, the score interval keeps the width that many agreeing pairs allow. Loss uses the
-per-example loss differences the same way (a t interval on the cluster-robust variance instead of the score
-interval).
+Each non-baseline arm is compared with the fp32 arm *of the same seed on the same test examples*. The paired
+differences, seeds × test examples, vary for two reasons the data measure with very different precision
+(``variance.py``): the test examples (N − 1 degrees of freedom) and the seeds (S − 1). The interval is the hull of
+an example-level interval and the Student-t interval over the per-seed differences, so it covers both:
+
+- examples: accuracy uses Tango's score interval on the pooled discordant counts (arm right where fp32 was wrong,
+  and the reverse) deflated by the design effect (the examples' variance component, MS_example / (S·N), over the
+  independent-pairs variance, ≥ 1: an example that flips in every seed counts once); it is never zero-width (with
+  no discordant pair at all it keeps the width that many agreeing pairs allow). Loss uses a t interval on the same
+  variance of the per-example loss differences.
+- seeds: the t interval over the S per-seed differences, which covers a seed effect of any size.
+
+The hull is what stays valid whatever the seeds' own effect: with S seeds it is estimated on S − 1 degrees of
+freedom, and an interval that narrows when that estimate happens to be small undercovers when seeds really
+differ (a Satterthwaite combination of the variance components covered 92.5% at worst with 3 seeds). What each
+choice costs and gains, by simulation and by the bound no interval of this data can beat, is in docs/verdict.md
+and ``scripts/verdict_simulation.py``.
 
 ``SeedNoise`` is fp32's own seed-to-seed variation, the floor a precision effect is judged against and the source
-of ``auto`` margins. The verdicts on these intervals are in ``verdicts.py``.
+of ``auto`` margins. The verdicts on these intervals are in ``verdicts.py``; the sample-size plans in ``plan.py``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ class PairedSummary:
     arm_right_fp32_wrong: int | None = None  # discordant pairs in the arm's favour (accuracy only)
     fp32_right_arm_wrong: int | None = None  # and against it
     design_effect: float | None = None  # variance inflation for clustered pairs (≥ 1; 1 = independent pairs)
+    components: dict | None = None  # ``variance.Components.to_dict()``: what the sample-size plans start from
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,45 +76,6 @@ def _clip(low: float, high: float, bounds: tuple[float | None, float | None]) ->
     return (low if lo is None else max(low, lo)), (high if hi is None else min(high, hi))
 
 
-@dataclass(frozen=True)
-class ClusterVariances:
-    """Variance estimates of the grand mean of an S × N table of paired differences (seeds × test examples).
-
-    iid: every cell independent; seed / example: cluster-robust with the seeds / the examples as clusters (a
-    test example that flips in every seed is one piece of evidence, not S); two_way: both at once (Cameron,
-    Gelbach & Miller 2011: seed + example − iid). Each cluster sum carries the usual G / (G − 1) correction.
-    """
-
-    iid: float
-    seed: float
-    example: float
-    two_way: float
-
-    @property
-    def largest(self) -> float:
-        return max(self.iid, self.seed, self.example, self.two_way)
-
-    @property
-    def design_effect(self) -> float:
-        """How many times the independent-pairs variance the largest estimate is; never below 1."""
-        return max(1.0, self.largest / self.iid) if self.iid > 0 else 1.0
-
-
-def cluster_variances(d) -> ClusterVariances:
-    """``ClusterVariances`` of the mean of ``d`` (array-like, seeds × examples)."""
-    import numpy as np
-
-    d = np.asarray(d, dtype=np.float64)
-    s, n_ex = d.shape
-    n = d.size
-    e = d - d.mean()
-    ss = float((e**2).sum())
-    iid = ss / (n * (n - 1)) if n > 1 else 0.0
-    seed = s / (s - 1) * float((e.sum(axis=1) ** 2).sum()) / n**2 if s > 1 else iid
-    example = n_ex / (n_ex - 1) * float((e.sum(axis=0) ** 2).sum()) / n**2 if n_ex > 1 else iid
-    return ClusterVariances(iid, seed, example, seed + example - iid)
-
-
 def tango_statistic(delta: float, b: float, c: float, n: float) -> float:
     """Tango's (1998) score statistic for H0: p_b − p_c = delta in a paired 2×2 table with n pairs, b discordant
     pairs one way and c the other (non-integer counts allowed: effective counts). At delta = 0 it is McNemar's
@@ -120,30 +90,53 @@ def tango_statistic(delta: float, b: float, c: float, n: float) -> float:
     return num / math.sqrt(var)
 
 
-def tango_interval(b: float, c: float, n: float, confidence: float = 0.95) -> tuple[float, float]:
+def tango_interval(b: float, c: float, n: float, confidence: float = 0.95,
+                   critical: float | None = None) -> tuple[float, float]:
     """Tango's score interval for p_b − p_c (the paired difference of two proportions): every delta whose score
-    statistic is within ±z. Unlike a Wald interval it keeps its width when b and c are small or zero (b = c = 0
-    gives ±z² / (n + z²)), which is the usual case here: 16-bit arms rarely flip a prediction."""
+    statistic is within ±z (``critical`` when given: a t quantile for few degrees of freedom). Unlike a Wald
+    interval it keeps its width when b and c are small or zero (b = c = 0 gives ±z² / (n + z²)), which is the
+    usual case here: 16-bit arms rarely flip a prediction."""
     from scipy import optimize
     from scipy import stats as st
 
-    z = float(st.norm.ppf(0.5 + confidence / 2))
+    z = float(st.norm.ppf(0.5 + confidence / 2)) if critical is None else critical
     est = (b - c) / n
     eps = 1e-12
-    # The statistic falls monotonically in delta; it is 0 at the estimate.
-    low = -1.0 if est <= -1 + eps else optimize.brentq(
-        lambda x: tango_statistic(x, b, c, n) - z, -1 + eps, est, xtol=1e-12)
-    high = 1.0 if est >= 1 - eps else optimize.brentq(
-        lambda x: tango_statistic(x, b, c, n) + z, est, 1 - eps, xtol=1e-12)
-    return low, high
+
+    def end(target: float, a: float, bound: float) -> float:
+        """Where the statistic (falling monotonically in delta, 0 at the estimate) crosses ``target`` between
+        the estimate and ``bound``; the bound itself when it never does there (a large t quantile on few
+        effective pairs)."""
+        f = lambda x: tango_statistic(x, b, c, n) - target  # noqa: E731
+        if abs(a - bound) <= eps or f(bound) * f(a) > 0:
+            return float(round(bound))
+        return optimize.brentq(f, min(a, bound), max(a, bound), xtol=1e-12)
+
+    return end(z, est, -1 + eps), end(-z, est, 1 - eps)
+
+
+def critical_value(confidence: float, df: float) -> float:
+    """The two-sided quantile at ``confidence``: Student's t with ``df`` degrees of freedom (normal when inf)."""
+    from scipy import stats as st
+
+    q = 0.5 + confidence / 2
+    return float(st.norm.ppf(q) if math.isinf(df) else st.t.ppf(q, df))
+
+
+def _hull(low: float, high: float, per_seed: PairedSummary) -> tuple[float, float]:
+    if per_seed.ci_low is None:
+        return low, high
+    return min(low, per_seed.ci_low), max(high, per_seed.ci_high)
 
 
 def paired_accuracy(arm_correct, ref_correct, confidence: float = 0.95, finite: bool = True) -> PairedSummary:
     """Δaccuracy (arm − fp32) from per-example outcomes: boolean arrays, seeds × test examples, same examples in
-    the same order. The interval is the hull of Tango's score interval on the pooled discordant counts (deflated
-    by the design effect) and the Student-t interval over the per-seed differences; ``finite=False`` (an arm's
-    logits were not finite) gives no interval and an ``invalid`` verdict."""
+    the same order. The hull of Tango's score interval on the pooled discordant counts deflated by the design
+    effect (t quantile, N − 1 degrees of freedom) and the Student-t interval over the per-seed differences;
+    ``finite=False`` (an arm's logits were not finite) gives no interval and an ``invalid`` verdict."""
     import numpy as np
+
+    from ampbench.variance import components
 
     d = np.asarray(arm_correct, dtype=np.int8) - np.asarray(ref_correct, dtype=np.int8)
     s, n_ex = d.shape
@@ -153,34 +146,35 @@ def paired_accuracy(arm_correct, ref_correct, confidence: float = 0.95, finite: 
     extra = {"pairs": n, "arm_right_fp32_wrong": b, "fp32_right_arm_wrong": c}
     if not finite:
         return PairedSummary(s, math.nan, math.nan, None, None, confidence, finite=False, **extra)
-    deff = cluster_variances(d).design_effect
-    low, high = tango_interval(b / deff, c / deff, n / deff, confidence)
-    if per_seed.ci_low is not None:
-        low, high = min(low, per_seed.ci_low), max(high, per_seed.ci_high)
-    return PairedSummary(s, (b - c) / n, per_seed.std, low, high, confidence, design_effect=deff, **extra)
+    comp = components(d)
+    deff = comp.design_effect
+    critical = critical_value(confidence, max(n_ex - 1, 1))
+    low, high = _hull(*tango_interval(b / deff, c / deff, n / deff, confidence, critical), per_seed)
+    return PairedSummary(s, (b - c) / n, per_seed.std, low, high, confidence, design_effect=deff,
+                         components=comp.to_dict(), **extra)
 
 
 def paired_mean(d, confidence: float = 0.95, bounds: tuple[float | None, float | None] = (None, None),
                 finite: bool = True) -> PairedSummary:
     """Mean paired difference of a per-example quantity (e.g. the cross-entropy, arm − fp32; seeds × examples):
-    the hull of a t interval (df = examples − 1) on the largest cluster-robust variance and the Student-t
-    interval over the per-seed means. A non-finite value, or ``finite=False`` (the logits behind it were not
-    finite), gives no interval."""
+    the hull of a t interval (N − 1 degrees of freedom) on the examples' variance component and the Student-t
+    interval over the per-seed means, cut to ``bounds``. A non-finite value, or ``finite=False`` (the logits behind
+    it were not finite), gives no interval."""
     import numpy as np
-    from scipy import stats as st
+
+    from ampbench.variance import components
 
     d = np.asarray(d, dtype=np.float64)
     s, n_ex = d.shape
     if not finite or not np.isfinite(d).all():
         return PairedSummary(s, math.nan, math.nan, None, None, confidence, finite=False, pairs=d.size)
     per_seed = paired_ci([float(x) for x in d.mean(axis=1)], confidence, bounds)
-    v = cluster_variances(d)
+    comp = components(d)
     mean = float(d.mean())
-    half = float(st.t.ppf(0.5 + confidence / 2, df=max(n_ex - 1, 1))) * math.sqrt(v.largest)
-    low, high = _clip(mean - half, mean + half, bounds)
-    if per_seed.ci_low is not None:
-        low, high = min(low, per_seed.ci_low), max(high, per_seed.ci_high)
-    return PairedSummary(s, mean, per_seed.std, low, high, confidence, pairs=d.size, design_effect=v.design_effect)
+    half = critical_value(confidence, max(n_ex - 1, 1)) * math.sqrt(comp.example_variance)
+    low, high = _hull(*_clip(mean - half, mean + half, bounds), per_seed)
+    return PairedSummary(s, mean, per_seed.std, low, high, confidence, pairs=d.size,
+                         design_effect=comp.design_effect, components=comp.to_dict())
 
 
 @dataclass(frozen=True)

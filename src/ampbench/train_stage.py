@@ -24,6 +24,7 @@ from ampbench.fileio import dvc_md5, json_digest
 from ampbench.flops import count_step_flops
 from ampbench.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.layout import ArmFiles
+from ampbench.loader import batches_per_epoch
 from ampbench.monitor import Diverged, epoch_line
 from ampbench.params import Params
 from ampbench.precision import describe_line, resolve_device, resolve_policy
@@ -118,7 +119,15 @@ def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dic
 
 def _build(job: SeedJob) -> tuple[torch.nn.Module, TrainState, LoopConfig]:
     """Seeded, deterministic (if asked) model and fresh training state for ``job``."""
-    return build_run(job.params.train, job.policy, job.contract, job.device, job.seed, job.data.train, job.task)
+    tp = job.params.train
+    return build_run(tp, job.policy, job.contract, job.device, job.seed, job.data.train, job.task,
+                     eval_every=eval_interval(tp.eval_every, batches_per_epoch(len(job.data.train), tp.batch_size,
+                                                                               job.world.size)))
+
+
+def eval_interval(eval_every: int | None, batches: int) -> int:
+    """train.eval_every as steps: null gives four evaluations per epoch (the last at the epoch's end)."""
+    return max(1, batches // 4) if eval_every is None else eval_every
 
 
 def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str, Any], list[EpochRecord]]:
@@ -227,8 +236,19 @@ def _seed_record(job: SeedJob, cfg: LoopConfig, records: list[EpochRecord], run_
               "input_wait_share": sum(r.input_wait_seconds for r in records) / max(sum(seconds), 1e-9),
               "final": records[-1].row(),
               "first_nonfinite": next((r.nonfinite for r in records if r.nonfinite), None),
+              "evaluations": evaluation_points(records),
               "activations": merge_tables([r.activations for r in records]),
               "model_uri": None}
     if job.params.train.compile and len(records) > 1:  # the first epoch pays for compilation; estimate it apart
         record["compile_seconds_estimate"] = max(seconds[0] - statistics.median(seconds[1:]), 0.0)
     return record
+
+
+def evaluation_points(records: list[EpochRecord]) -> list[dict[str, float]]:
+    """Every validation loss of the run in order: optimizer step, training seconds since the start (evaluations
+    left out), val_loss."""
+    points, before = [], 0.0
+    for r in records:
+        points += [{**e, "seconds": before + e["seconds"]} for e in r.evaluations]
+        before += r.epoch_seconds
+    return points

@@ -42,6 +42,7 @@ class LoopConfig:
     sync_debug: bool = False  # CUDA: raise if a steady-state step (not a sampled one) syncs with the host
     on_device: bool | None = None  # the input path, decided by the caller; None: train.data_on_device decides
     task: Task = CLASSIFICATION  # what the model computes: its logits, loss and right answers (task.py)
+    eval_every: int = 0  # optimizer steps between validation losses within an epoch (0: at epoch ends only)
 
 
 @dataclass
@@ -79,11 +80,14 @@ class EpochRecord:
     windows: list[float] = field(default_factory=list)  # samples/s of each timing window after warm-up
     activations: list[dict] = field(default_factory=list)  # per-module output ranges (activations.ActivationProbe)
     nonfinite: dict | None = None  # the first non-finite module found this epoch (nonfinite.Culprit.to_dict)
+    # Validation losses within the epoch and at its end: step (the run's), seconds (of this epoch's training so
+    # far, evaluations left out), val_loss. What time to fp32's quality is measured on.
+    evaluations: list[dict[str, float]] = field(default_factory=list)
 
     def row(self) -> dict[str, float]:
         """The epoch's metrics as one flat history row (history.json, MLflow, DVC plots)."""
         # not copied: asdict would deep-copy the per-layer tables
-        skip = ("grads", "steps", "layers", "windows", "activations", "nonfinite")
+        skip = ("grads", "steps", "layers", "windows", "activations", "nonfinite", "evaluations")
         metrics = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         return {**metrics, **self.grads}
 
@@ -209,7 +213,13 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         sums = EpochSums(device, cfg.task)
         numerics.epoch_start(epoch, state.step)
         speed.epoch_start(f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{tp.epochs}")
+        evaluations, first = [], state.step
         for batch in inputs.epoch(state.generator, state.step):
+            if cfg.eval_every and state.step > first and state.step % cfg.eval_every == 0:  # not at the epoch's end
+                with speed.paused() as seconds:
+                    val_loss = cfg.task.validate(model, val, policy, cfg.eval_batch_size)[0]
+                    model.train()  # whatever a task's validate left it in, training goes on in training mode
+                evaluations.append({"step": state.step, "seconds": seconds, "val_loss": val_loss})
             with numerics.step(state.step) as probe:  # skip counting; on sampled steps hooks and probes
                 loss, logits = train_step(model, state.optimizer, state.scaler, policy, batch.x, batch.y, tp, probe,
                                           cfg.task)
@@ -223,18 +233,20 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         state.epoch = epoch + 1
         numerics.check(state.step, sums.loss)
         val_scores = cfg.task.validate(model, val, policy, cfg.eval_batch_size)
-        records.append(_record(state, sums, val_scores, seconds, world, numerics, speed, inputs))
+        evaluations.append({"step": state.step, "seconds": seconds, "val_loss": val_scores[0]})
+        records.append(_record(state, sums, val_scores, seconds, world, numerics, speed, inputs, evaluations))
         if on_epoch is not None:
             on_epoch(records[-1], state)
     return records
 
 
 def _record(state: TrainState, sums: EpochSums, val: tuple[float, float], seconds: float, world: World,
-            numerics: NumericsWatch, speed: SpeedWatch, inputs: InputPipeline) -> EpochRecord:
+            numerics: NumericsWatch, speed: SpeedWatch, inputs: InputPipeline,
+            evaluations: list[dict[str, float]]) -> EpochRecord:
     """The epoch just trained as one record; the watchers start a fresh epoch."""
     train_loss, train_accuracy = sums.reduce(world)
     n = numerics.take()
     return EpochRecord(epoch=state.epoch, train_loss=train_loss, train_accuracy=train_accuracy, val_loss=val[0],
                        val_accuracy=val[1], samples_per_s=sums.seen / seconds, epoch_seconds=seconds,
                        optimizer_steps=state.step - numerics.first_step, input_wait_seconds=inputs.wait_seconds,
-                       lr=state.optimizer.param_groups[0]["lr"], windows=speed.take(), **n)
+                       lr=state.optimizer.param_groups[0]["lr"], windows=speed.take(), evaluations=evaluations, **n)

@@ -3,7 +3,8 @@ worse*) from one-sided bounds, and the comparison with fp32's own seed-to-seed v
 reason in words.
 
 Equivalence: ``equivalent`` when the whole interval sits inside ±margin (its ends included), ``worse``/``better``
-when it sits wholly outside, ``inconclusive`` otherwise, ``invalid`` when a value is not finite. Non-inferiority
+when it sits wholly outside, ``inconclusive`` otherwise, ``invalid`` when a value is not finite; the pipeline
+judges it on the one-sided bounds (two one-sided tests). Non-inferiority
 asks the tutorial's question ("confirm nothing degraded"): ``not worse`` when the one-sided bound on the bad side
 clears the margin, so a better arm passes it.
 """
@@ -14,9 +15,12 @@ from ampbench.stats import PairedSummary
 
 
 def verdict(s: PairedSummary, margin: float, higher_is_better: bool = True, unit: str = "",
-            scale: float = 1.0, digits: int = 2) -> tuple[str, str]:
+            scale: float = 1.0, digits: int = 2, one_sided: bool = False) -> tuple[str, str]:
     """(verdict, reason) for paired differences ``s`` against an equivalence margin (same units as s).
 
+    ``one_sided``: ``s`` was computed at ``one_sided_level(confidence)``, so its ends are one-sided bounds and the
+    verdict is the two one-sided tests (TOST) at 1 − confidence each: *equivalent* when neither bound leaves the
+    margin — the usual equivalence test, whose false-*equivalent* rate on the margin is at most 1 − confidence.
     ``scale``, ``unit`` and ``digits`` only format the reason (e.g. scale=100, unit=" pp" for accuracy fractions).
     """
 
@@ -30,23 +34,24 @@ def verdict(s: PairedSummary, margin: float, higher_is_better: bool = True, unit
         return "inconclusive", (f"1 seed gives no confidence interval (difference {f(s.mean)}); "
                                 "add seeds to train.seeds for a verdict")
     lo, hi = s.ci_low, s.ci_high
-    level = f"{100 * s.confidence:g}%"
-    ci = f"CI [{f(lo)}, {f(hi)}]"
+    if one_sided:
+        what, lies, is_ = f"the one-sided {100 * (1 + s.confidence) / 2:g}% bounds [{f(lo)}, {f(hi)}]", "lie", "are"
+    else:
+        what, lies, is_ = f"the {100 * s.confidence:g}% CI [{f(lo)}, {f(hi)}]", "lies", "is"
     caveat = _one_seed(s)
     if -margin <= lo and hi <= margin:  # the margin's ends count as inside
-        return "equivalent", f"the {level} {ci} lies inside the margin {m}{caveat}"
+        return "equivalent", f"{what} {lies} inside the margin {m}{caveat}"
     below, above = hi < -margin, lo > margin
     if below or above:
         good = above if higher_is_better else below
-        return ("better" if good else "worse"), f"the {level} {ci} lies wholly outside the margin {m}{caveat}"
+        return ("better" if good else "worse"), f"{what} {lies} wholly outside the margin {m}{caveat}"
     half = (hi - lo) / 2
     if half > margin:
         more = "seeds (train.seeds) or test examples" if s.pairs else "seeds (train.seeds)"
-        return "inconclusive", (f"the {level} {ci} is ±{half * scale:.{digits}f}{unit} wide, more than the margin "
+        return "inconclusive", (f"{what} {is_} ±{half * scale:.{digits}f}{unit} wide, more than the margin "
                                 f"{m}: too little evidence to separate a {abs(s.mean) * scale:.{digits}f}{unit} "
-                                "effect from "
-                                f"the margin; more {more} narrow it{caveat}")
-    return "inconclusive", f"the {level} {ci} straddles the margin {m}{caveat}"
+                                f"effect from the margin; more {more} narrow it{caveat}")
+    return "inconclusive", f"{what} straddle{'s' * (lies == 'lies')} the margin {m}{caveat}"
 
 
 def one_sided_level(confidence: float) -> float:

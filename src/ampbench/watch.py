@@ -116,6 +116,17 @@ class SpeedWatch:
         self.timer.tick(samples, step)
         self.bar.step(samples, loss, step)
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Around work that is not training (a validation between steps): yields the epoch's training seconds so
+        far; the time inside is left out of the epoch's time and of the open timing window."""
+        import time
+
+        seconds = self.timer.elapsed()  # syncs: the steps queued so far count, the evaluation does not
+        start = time.perf_counter()
+        yield seconds
+        self.timer.shift(time.perf_counter() - start)
+
     def epoch_end(self) -> float:
         """Seconds the epoch's training took (after the device finished it); the bar closes."""
         seconds = self.timer.elapsed()
