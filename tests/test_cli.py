@@ -358,3 +358,36 @@ def test_sync_params_check_and_rewrite(tmp_path):
     assert runner.invoke(main, ["sync-params", "--root", str(tmp_path)]).exit_code == 0
     assert "  epochs: 2 " in (tmp_path / "params.yaml").read_text()
     assert runner.invoke(main, ["sync-params", "--root", str(tmp_path), "--check"]).exit_code == 0
+
+
+def test_time_to_fp32_quality_and_plans_reach_every_output(stages):
+    """Issue 26: time to fp32's quality from the validation losses training recorded (four per epoch by default)
+    in the report's column, speed.json's rows (details), the plot rows, a figure and MLflow; and every undecided
+    verdict's plan in the report and on the runs."""
+    import mlflow
+
+    details, report = stages["details"], stages["report"]
+    summary = json.loads((stages["models"] / "bf16" / "summary.json").read_text())
+    points = summary["seeds"]["0"]["evaluations"]
+    # 240 training digits in batches of 32: 8 steps an epoch (the last of 16), so an evaluation every 8 // 4 = 2.
+    assert [p["step"] for p in points] == [2, 4, 6, 8] and points[-1]["val_loss"] > 0
+    ratio = details["bf16"].get("time_to_fp32_quality_vs_fp32")
+    reached = details["bf16"]["seeds_reaching_fp32_quality"]
+    assert "| time to fp32 quality × fp32 |" in report and details["fp32"]["time_to_fp32_quality_vs_fp32"] == 1.0
+    assert (ratio is not None and f"| {ratio:.2f}× |" in report) or (reached == 0 and "never in 1 of 1 seed" in report)
+    rows = json.loads((stages["reports"] / "quality.json").read_text())
+    assert {r["run"] for r in rows} == {"fp32-seed0", "bf16-seed0"} and len(rows) == 8
+    assert (stages["reports"] / "figures" / "time_to_quality.png").stat().st_size > 10_000
+    mlflow.set_tracking_uri(stages["uri"])
+    run = next(r for r in mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
+               if r.info.run_name == "bf16-seed0")
+    history = mlflow.tracking.MlflowClient().get_metric_history(run.info.run_id, "step/val_loss")
+    assert [m.step for m in history] == [2, 4, 6, 8]
+    if reached:
+        assert run.data.metrics["steps_to_fp32_quality"] >= 1
+    plans = details["bf16"].get("plans") or []
+    undecided = [v for v in (details["bf16"]["not_worse"], details["bf16"]["verdict"]) if v == "inconclusive"]
+    assert bool(plans) == bool(undecided)
+    if plans:  # one seed: the plan says it cannot tell seed from example variation
+        assert "What would decide the verdicts that did not" in report and "planned from 1 seed" in report
+        assert run.data.tags["plan"].startswith("bf16, *")

@@ -114,3 +114,32 @@ def test_no_skips_when_scale_fits():
     (record,) = fit(state, _blobs(), _blobs(64, seed=1), policy, cfg)
     assert record.skipped_steps == 0
     assert record.loss_scale == 2.0**8
+
+
+def test_validation_losses_between_steps_leave_training_bitwise_unchanged():
+    """Issue 26: validation every 3 optimizer steps (a model with dropout and BatchNorm, which an evaluation left in
+    eval mode would change) gives the same weights, bit for bit, as validation at epoch ends only; the points are
+    at steps 3, 6 and each epoch's end, and the time spent validating is not counted as training time."""
+    from ampbench.train_stage import evaluation_points
+
+    def run(every: int):
+        torch.manual_seed(0)
+        policy = resolve_policy("bf16", CPU)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16),
+                                    torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 2))
+        cfg = LoopConfig(TrainParams(epochs=2, batch_size=32, lr=0.05, progress=False), eval_every=every)
+        state = init_state(model, policy, cfg, CPU)
+        return model, fit(state, _blobs(), _blobs(64, seed=1), policy, cfg)
+
+    plain, plain_records = run(0)
+    evaluated, records = run(3)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), evaluated.state_dict().values(),
+                                                 strict=True))
+    # 8 steps an epoch: every third step within an epoch (3, 6; then 9, 12, 15), and each epoch's end (8, 16).
+    assert [[e["step"] for e in r.evaluations] for r in records] == [[3, 6, 8], [9, 12, 15, 16]]
+    assert [[e["step"] for e in r.evaluations] for r in plain_records] == [[8], [16]]
+    assert records[-1].evaluations[-1]["val_loss"] == records[-1].val_loss
+    points = evaluation_points(records)
+    assert [p["step"] for p in points] == [3, 6, 8, 9, 12, 15, 16]
+    seconds = [p["seconds"] for p in points]
+    assert seconds == sorted(seconds) and seconds[2] == pytest.approx(records[0].epoch_seconds)
