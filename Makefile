@@ -21,16 +21,17 @@ repro: $(VENV)/.installed  ## run the whole pipeline on params.yaml
 	dvc repro
 
 # The suite runs its files on TEST_WORKERS processes (pytest-xdist; most tests wait on subprocesses, imports and
-# small models, so two workers keep two cores busy), then the tests that time speed ratios alone, on a quiet machine.
+# small models, so two workers keep two cores busy; one torch thread each, so they do not fight over the cores),
+# then the tests that time speed ratios alone, on a quiet machine.
 TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: $(VENV)/.installed  ## run the test suite (no GPU or network needed)
-	python -m pytest -q $(PARALLEL) -m "not timing"
+	OMP_NUM_THREADS=1 python -m pytest -q $(PARALLEL) -m "not timing"
 	python -m pytest -q -m timing
 
 test-fast: $(VENV)/.installed  ## unit tests only, skips the slow end-to-end ones
-	python -m pytest -q $(PARALLEL) -m "not slow and not timing"
+	OMP_NUM_THREADS=1 python -m pytest -q $(PARALLEL) -m "not slow and not timing"
 
 lint: $(VENV)/.installed  ## ruff: pyflakes, pycodestyle, import order, bugbear (settings in pyproject.toml)
 	ruff check .

@@ -34,7 +34,8 @@ def _merged(base: dict, over: dict) -> dict:
 _TINY_OVERRIDES = {
     "prepare": {"dataset": "digits", "seed": 0, "max_train": 240, "val_fraction": 0.15, "test_fraction": 0.15},
     "train": {"precisions": ["fp32", "tf32", "fp16", "bf16"], "seeds": [0], "device": "cpu", "model": "small_cnn",
-              "epochs": 1, "batch_size": 32, "progress": False},
+              "epochs": 1, "batch_size": 32, "progress": False,
+              "eval_every": 0},  # validation at epoch ends only; test_cli's stages run the default (4 per epoch)
     "speed": {"rounds": 3, "steps": 6, "window": 3, "warmup_steps": 3, "seconds_per_arm": 3},
     "evaluate": {"batch_size": 512},
     "mlflow": {"experiment": "ampbench-tests", "log_model": True},

@@ -188,6 +188,7 @@ def stages(tmp_path_factory, tiny_params_module):
     tmp = tmp_path_factory.mktemp("stages")
     params = tiny_params_module
     params["train"]["precisions"] = ["fp32", "tf32", "bf16"]
+    params["train"]["eval_every"] = None  # the default: four validation losses per epoch (time to fp32's quality)
     params["mlflow"]["log_model"] = False
     path = tmp / "params.yaml"
     path.write_text(yaml.safe_dump(params))

@@ -67,7 +67,8 @@ def test_plots_page_works_offline(repo, tmp_path):
     assert "vega-embed 6.29.0" in html and "vegaEmbed(" in html
     panels = re.findall(r'<div id = "([^"]+)">', html)
     wanted = yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
-    assert len(panels) == len(wanted) == 8 and not [p for p in panels if "curves" in p], panels
+    assert len(panels) == len(wanted) == 9 and not [p for p in panels if "curves" in p], panels
+    assert "time_to_fp32_quality" in panels  # validation loss against time (issue 26)
     assert "fp16-seed0" in html and '"tickMinStep": 1' in html and '"format": "d"' in html
 
 

@@ -124,7 +124,7 @@ def test_a_request_far_larger_than_the_default_says_its_plan_and_estimate(tmp_pa
     from conftest import ROOT, prepare_in_process
     from test_reliability import _SIGTERM_AFTER_EPOCH
 
-    tiny_params["train"].update(precisions=["fp32"], seeds=list(range(50)), epochs=25)
+    tiny_params["train"].update(precisions=["fp32"], seeds=list(range(100)), epochs=25)
     tiny_params["mlflow"]["log_model"] = False
     params = write_params(tiny_params)
     data = prepare_in_process(params, tmp_path / "prepared")
@@ -135,7 +135,7 @@ def test_a_request_far_larger_than_the_default_says_its_plan_and_estimate(tmp_pa
                           text=True, timeout=300,
                           env=clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"))
     assert "interrupted (SIGTERM)" in proc.stderr, proc.stderr[-3000:]
-    assert ("plan: 1 arm × 50 seeds × 25 epochs = 1,250 epochs of training, 13× the default run; the time it takes "
-            "is estimated after the first epoch") in proc.stderr
+    assert ("plan: 1 arm × 100 seeds × 25 epochs = 2,500 epochs of training, 16× the default run (4 arms × 5 seeds × "
+            "8 epochs); the time it takes is estimated after the first epoch") in proc.stderr
     plan, epoch1, estimate = (proc.stderr.index(s) for s in ("plan:", "epoch 1/25", "estimate: this arm about"))
-    assert plan < epoch1 < estimate and "1,250 epochs at" in proc.stderr
+    assert plan < epoch1 < estimate and "2,500 epochs at" in proc.stderr
