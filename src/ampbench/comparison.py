@@ -143,7 +143,7 @@ def tables(reports: list[ArmReport], noise: SeedNoise, margins: Margins,
         comparison[r.arm] = {k: v for k, v in row.items() if v is not None}
         speed[r.arm] = {k: v for k, v in timing.items() if v is not None}
         details[r.arm] = {**row, **timing, "statistics": r.stats, "mean_and_std": r.summary, "per_seed": r.per_seed,
-                          "train": r.train, "numerics": r.numerics}
+                          "train": r.train, "numerics": r.numerics, "time_to_fp32_quality": r.quality}
     return comparison, speed, details
 
 

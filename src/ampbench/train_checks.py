@@ -62,8 +62,8 @@ def request_size(params: Params) -> str | None:
     tp = params.train
     arms = len(tp.precisions)
     return (f"plan: {arms} arm{'s' * (arms != 1)} × {len(tp.seeds)} seeds × {tp.epochs} epochs = {units:,} epochs of "
-            f"training, {units / default:.0f}× the default run ({_default_size()}); the time it takes is estimated after "
-            "the first epoch")
+            f"training, {units / default:.0f}× the default run ({_default_size()}); the time it takes is estimated "
+            "after the first epoch")
 
 
 def _default_size() -> str:
