@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from typing import Any
 
 import torch
@@ -120,8 +121,6 @@ class SpeedWatch:
     def paused(self):
         """Around work that is not training (a validation between steps): yields the epoch's training seconds so
         far; the time inside is left out of the epoch's time and of the open timing window."""
-        import time
-
         seconds = self.timer.elapsed()  # syncs: the steps queued so far count, the evaluation does not
         start = time.perf_counter()
         yield seconds
