@@ -24,12 +24,13 @@ from _common import (
     run_tags,
     stage,
 )
-from ampbench.arms import ABLATIONS, MAIN
+from ampbench.arms import ABLATIONS, MAIN, OPT_IN
 
 
 @click.command()
 @click.option("--precision", required=True,
-              help=f"Precision arm to train: {', '.join(MAIN)}, or an ablation ({', '.join(ABLATIONS)}).")
+              help=f"Precision arm to train: {', '.join(MAIN)}, an opt-in arm ({', '.join(OPT_IN)}) "
+                   f"or an ablation ({', '.join(ABLATIONS)}).")
 @params_option
 @data_option
 @folder_option("--out", "out_dir", None, "Output folder for this arm  [default: models/<precision>]")

@@ -36,7 +36,6 @@ def main(raw: Path, rounds: int, steps: int, batch_size: int, workers: int) -> N
     from ampbench.params import PrepareParams, TrainParams
     from ampbench.precision import resolve_policy
     from ampbench.step import train_step
-    from ampbench.training import make_optimizer
 
     start = time.perf_counter()
     data = prepare(PrepareParams(dataset="fashion_mnist", raw_dir=str(raw)), raw)
@@ -45,7 +44,7 @@ def main(raw: Path, rounds: int, steps: int, batch_size: int, workers: int) -> N
     policy, tp = resolve_policy("fp32", cpu), TrainParams(batch_size=batch_size)
     torch.manual_seed(0)
     model = build_builtin("small_cnn", data.input_shape, data.num_classes, None)
-    opt = make_optimizer(tp, model.parameters(), cpu)
+    opt = policy.make_optimizer(tp, model.parameters(), cpu)
     scaler = policy.grad_scaler(tp.grad_scaler)
     paths = {"device tensors": InputPipeline(data.train, cpu, on_device=True, batch_size=batch_size,
                                              augment="none", seed=0),

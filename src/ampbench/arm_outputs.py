@@ -21,7 +21,7 @@ from ampbench.hardware import fingerprint
 from ampbench.layout import ArmFiles
 from ampbench.model_factory import ModelSpec
 from ampbench.params import Params
-from ampbench.precision import PrecisionPolicy, cudnn_legacy_flags_readable, without_float32
+from ampbench.precision import PrecisionPolicy, cudnn_legacy_flags_readable, plain_model
 from ampbench.splits import Prepared
 from ampbench.task import Task
 from ampbench.training import EpochRecord, TrainState
@@ -146,6 +146,10 @@ class ArmOutputs:
             f = record["flops"]
             metrics = {"flops_per_sample_train": f["per_sample"], "low_precision_flop_share": f["low_precision_share"]}
             tags["flops.dominant_dtype"] = str(f["dominant_dtype"])
+        tags.update(what_ran_tags(record))
+        if record.get("state_bytes"):
+            b = record["state_bytes"]
+            metrics.update({"state_bytes_total": b["total"], "state_bytes_per_parameter": b["per_parameter"]})
         paths = []
         if record.get("diverged") and record.get("activations"):
             atomic_write_json(self.files.activations(job.seed), record["activations"])
@@ -160,8 +164,8 @@ class ArmOutputs:
             "train_samples_per_s", "train_seconds", "skipped_steps_total", "peak_memory_mb", "peak_reserved_mb")})
         tracking.log_artifacts(paths)
         if job.params.mlflow.log_model:
-            # the plain model: no DDP/compile wrappers, no float32 islands (autocast is not part of it)
-            cpu_model = without_float32(copy.deepcopy(model)).float().cpu().eval()
+            # the plain model: no DDP/compile wrappers, no float32 islands or float8 layers (both belong to the arm)
+            cpu_model = plain_model(copy.deepcopy(model)).float().cpu().eval()
             with cudnn_legacy_flags_readable():
                 example = job.data.test.inputs(job.data.test.x[:2]).numpy()  # model inputs, not stored pixels
                 record["model_uri"] = tracking.log_model(cpu_model, example, _requirements())
@@ -172,6 +176,20 @@ class ArmOutputs:
             atomic_write_json(self.files.history, histories)
             atomic_write_json(self.files.summary, summary)
             shutil.rmtree(self.resume_dir, ignore_errors=True)
+
+
+def what_ran_tags(record: dict[str, Any]) -> dict[str, str]:
+    """MLflow tags of what a seed really ran: optimizer class and rounding, float8's converted and left-out
+    Linear layers (cut to MLflow's 5,000 characters per tag)."""
+    tags = {f"optimizer.{k.removeprefix('optimizer_')}": v for k, v in (record.get("optimizer") or {}).items()}
+    f8 = record.get("float8")
+    if f8:
+        rows = f8["modules"]
+        tags["float8.recipe"] = f8["recipe"]
+        tags["float8.converted"] = (", ".join(r["module"] for r in rows if r["converted"]) or "none")[:5000]
+        tags["float8.left_out"] = ("; ".join(f"{r['module']}: {r['reason']}" for r in rows if not r["converted"])
+                                   or "none")[:5000]
+    return tags
 
 
 def _requirements() -> list[str]:

@@ -17,16 +17,36 @@ class Arm:
     autocast: str | None  # autocast dtype for forward pass and loss; None: no autocast
     scaler: bool  # torch.amp.GradScaler on (only meaningful with fp16 autocast and fp32 weights)
     tf32: bool  # TF32 tensor-core math for fp32 matmuls and convolutions (CUDA only)
-    param_dtype: str = "float32"  # weights and inputs; 16-bit only for the *_pure ablations
+    param_dtype: str = "float32"  # weights and inputs; 16-bit for the pure arms (no float32 master weights)
     ablation: bool = False  # opt-in arms that show what the tutorial warns about
     summary: str = ""  # one line for help texts and the params.yaml comment
+    # Who implements train.optimizer: "torch" (torch.optim, round to nearest), "torchao_sr" (torchao's AdamW,
+    # fp32 maths, the bf16 weight write stochastically rounded), "optimi_kahan" (torch-optimi, Kahan-compensated
+    # updates of the low-precision weights). optimizers.py builds them.
+    optimizer: str = "torch"
+    float8: str | None = None  # torchao float8 training recipe for the eligible Linear layers (float8.py)
+    default: bool = False  # in the default train.precisions
+
+    @property
+    def pure(self) -> bool:
+        """Weights (and optimizer state) in 16 bits: no float32 copy of any parameter."""
+        return self.param_dtype != "float32"
 
 
 _ALL = (
-    Arm("fp32", None, False, False, summary="strict float32, TF32 off everywhere: the baseline"),
-    Arm("tf32", None, False, True, summary="float32 with TF32 tensor-core matmuls and convolutions (CUDA ≥ 8.0)"),
-    Arm("fp16", "float16", True, False, summary="float16 autocast + GradScaler"),
-    Arm("bf16", "bfloat16", False, False, summary="bfloat16 autocast"),
+    Arm("fp32", None, False, False, default=True, summary="strict float32, TF32 off everywhere: the baseline"),
+    Arm("tf32", None, False, True, default=True,
+        summary="float32 with TF32 tensor-core matmuls and convolutions (CUDA ≥ 8.0)"),
+    Arm("fp16", "float16", True, False, default=True, summary="float16 autocast + GradScaler"),
+    Arm("bf16", "bfloat16", False, False, default=True, summary="bfloat16 autocast"),
+    Arm("bf16_sr", None, False, False, "bfloat16", optimizer="torchao_sr",
+        summary="pure bfloat16 weights and AdamW state, the weight write stochastically rounded (torchao)"),
+    Arm("bf16_kahan", None, False, False, "bfloat16", optimizer="optimi_kahan",
+        summary="pure bfloat16 weights and optimizer state, Kahan-compensated updates (torch-optimi)"),
+    Arm("fp8_tensorwise", "bfloat16", False, False, float8="tensorwise",
+        summary="float8 Linear layers, one scale per tensor (torchao), the rest under bfloat16 autocast"),
+    Arm("fp8_rowwise", "bfloat16", False, False, float8="rowwise",
+        summary="float8 Linear layers, one scale per row (torchao), the rest under bfloat16 autocast"),
     Arm("fp16_noscaler", "float16", False, False, ablation=True,
         summary="float16 autocast without a GradScaler: small gradients underflow"),
     Arm("fp16_pure", None, False, False, "float16", ablation=True,
@@ -38,9 +58,23 @@ _ALL = (
 ARMS: dict[str, Arm] = {arm.name: arm for arm in _ALL}
 NAMES: tuple[str, ...] = tuple(ARMS)
 BASELINE = "fp32"  # every other arm is compared with this one, seed by seed
-MAIN: tuple[str, ...] = tuple(a.name for a in _ALL if not a.ablation)  # the default train.precisions
+MAIN: tuple[str, ...] = tuple(a.name for a in _ALL if a.default)  # the default train.precisions
+OPT_IN: tuple[str, ...] = tuple(a.name for a in _ALL if not a.default and not a.ablation)  # settings one may adopt
 ABLATIONS: tuple[str, ...] = tuple(a.name for a in _ALL if a.ablation)
+# train.optimizer values each optimizer implementation has (Arm.optimizer): the rest is refused before any work.
+OPTIMIZERS: dict[str, tuple[str, ...]] = {"torch": ("sgd", "adam", "adamw"), "torchao_sr": ("adamw",),
+                                          "optimi_kahan": ("sgd", "adam", "adamw")}
+OPTIMIZER_PACKAGES = {"torchao_sr": "torchao's _AdamW (stochastic rounding)",
+                      "optimi_kahan": "torch-optimi (Kahan summation)"}
 TF32_REFERENCE = "tf32"  # speed and memory are also given relative to this arm when it ran
+
+
+_PURE_OPTIMIZER = {
+    "torchao_sr": ["from torchao.optim import _AdamW",
+                   "optimizer = _AdamW(model.parameters(), lr=lr, bf16_stochastic_round=True)"],
+    "optimi_kahan": ["import optimi  # torch-optimi",
+                     "optimizer = optimi.AdamW(model.parameters(), lr=lr, kahan_sum=True)  # or SGD, Adam"],
+}
 
 
 def adoption_code(arm: Arm, device_type: str = "cuda") -> str:
@@ -48,9 +82,21 @@ def adoption_code(arm: Arm, device_type: str = "cuda") -> str:
     if arm.tf32:
         return ('torch.backends.cuda.matmul.fp32_precision = "tf32"  # once, before training\n'
                 'torch.backends.cudnn.conv.fp32_precision = "tf32"')
-    if arm.autocast is None or arm.ablation:
+    if arm.ablation:
+        return ""
+    if arm.pure:
+        return "\n".join([f"model = model.to(torch.{arm.param_dtype})  # once: weights and optimizer state",
+                          *_PURE_OPTIMIZER[arm.optimizer],
+                          f"loss = loss_fn(model(x.to(torch.{arm.param_dtype})).float(), y)",
+                          "loss.backward()", "optimizer.step()"])
+    if arm.autocast is None:
         return ""
     lines = [f'scaler = torch.amp.GradScaler("{device_type}")  # once, before training'] if arm.scaler else []
+    if arm.float8:
+        lines += ["from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # once",
+                  f'convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("{arm.float8}"),',
+                  "    module_filter_fn=lambda m, name: m.in_features % 16 == 0 and m.out_features % 16 == 0)",
+                  "model = torch.compile(model)"]
     lines += [f'with torch.autocast("{device_type}", dtype=torch.{arm.autocast}):  # forward pass and loss only',
               "    loss = loss_fn(model(x), y)"]
     lines += (["scaler.scale(loss).backward()", "scaler.step(optimizer)", "scaler.update()"] if arm.scaler

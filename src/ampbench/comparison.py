@@ -177,6 +177,8 @@ def comparison_row(r: ArmReport, noise: SeedNoise, margins: Margins, task=None) 
         row["accuracy_verdict"] = "baseline" if base else st["accuracy_verdict"]
         row["accuracy_not_worse"] = "baseline" if base else st["accuracy_not_worse"]
         row["perplexity"] = round(math.exp(s["test_loss"]), 4) if math.isfinite(s["test_loss"]) else None
+    if t.get("state_bytes"):  # counted tensor by tensor: weights, gradients and optimizer state
+        row["state_bytes_per_parameter"] = _round(t["state_bytes"]["per_parameter"], 4)
     flops = r.numerics.get("flops")
     if flops:  # counted, so deterministic: it belongs with the comparison, not the timings
         row["low_precision_flop_share"] = round(flops["low_precision_share"], 6)

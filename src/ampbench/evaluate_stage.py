@@ -177,7 +177,8 @@ def _evaluate_arm(arm: str, summary: dict, params: Params, task, test: Split, fo
             predictions[seed] = result.predictions
         per_seed[seed], examples[seed] = result.metrics, result
     train = {k: summary.get(k) for k in ("samples_per_s", "peak_memory_mb", "skipped_steps", "optimizer_steps",
-                                         "input_path", "input_wait_share", "policy")}
+                                         "input_path", "input_wait_share", "policy", "optimizer", "state_bytes",
+                                         "float8")}
     report = ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed, train=train,
                        histories={int(k): v for k, v in histories.items()}, ablation=summary.get("ablation", False),
                        numerics=_numerics(summary))

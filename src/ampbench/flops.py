@@ -24,11 +24,13 @@ _KINDS = {  # aten op name → what it computes (the FLOP counter's registry say
     "_scaled_dot_product_flash_attention_backward": "attention", "_flash_attention_backward": "attention",
     "_efficient_attention_backward": "attention", "_scaled_dot_product_cudnn_attention_backward": "attention",
 }
-LOW = ("float16", "bfloat16")
+LOW = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")  # below float32: what the low-precision share counts
 
 
-def _dtype_label(dtype: torch.dtype, device_type: str) -> str:
-    name = str(dtype).removeprefix("torch.")
+def _dtype_label(operand: torch.Tensor) -> str:
+    # torchao's float8 tensors report their original dtype; the matmul reads their float8 data
+    dtype = getattr(operand, "_data", operand).dtype if type(operand).__name__.startswith("Float8") else operand.dtype
+    name, device_type = str(dtype).removeprefix("torch."), operand.device.type
     if name == "float32" and device_type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32":
         return "tf32"  # float32 operands on tensor cores in TF32 (the cuDNN flag is set together: precision.py)
     return name
@@ -61,7 +63,7 @@ class DtypeFlopCounter(TorchDispatchMode):
             operand = next((t for t in tree_flatten((args, kwargs))[0]
                             if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
             if operand is not None:
-                key = (kind, _dtype_label(operand.dtype, operand.device.type))
+                key = (kind, _dtype_label(operand))
                 self.flops[key] = self.flops.get(key, 0) + int(self.registry[packet](*args, **kwargs, out_val=out))
         return out
 

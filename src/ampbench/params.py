@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from ampbench.arms import ABLATIONS, BASELINE, MAIN, NAMES
+from ampbench.arms import ABLATIONS, BASELINE, MAIN, NAMES, OPT_IN
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "imagefolder", "synthetic", "text")  # or a factory
 MODELS = ("small_cnn", "resnet18", "mlp", "vit_tiny", "gpt")  # the built-ins; see model_kind for the other forms
@@ -146,7 +146,8 @@ class TrainParams(_Section):
     __pydantic_config__ = _FORBID_EXTRA
 
     precisions: Annotated[list[Literal[NAMES]], knob(
-        f"arms to train; {BASELINE} is the baseline and must stay. Opt-in ablations: {', '.join(ABLATIONS)}",
+        f"arms to train; {BASELINE} is the baseline and must stay. Opt-in: {', '.join(OPT_IN)} (pure bfloat16 "
+        f"that trains, float8 Linear layers: docs/precision-arms.md); ablations: {', '.join(ABLATIONS)}",
         # Not a dependency of the train stages: dvc.yaml's matrix makes one stage per entry.
         stages=("evaluate",), min_length=1)] = field(default_factory=lambda: list(MAIN))
     seeds: Annotated[list[Annotated[int, at_least(0, SEED_MAX)]], knob(
@@ -183,7 +184,7 @@ class TrainParams(_Section):
         "doubled per stage (null: 64); mlp: hidden units (null: 128); vit_tiny: embedding width (null: 64); gpt: "
         "embedding width (null: 128)",
         ge=1, le=4096)] = None
-    optimizer: Annotated[Literal[OPTIMIZERS], knob("sgd | adam | adamw")] = "adamw"
+    optimizer: Annotated[Literal[OPTIMIZERS], knob("sgd | adam | adamw (bf16_sr: adamw only)")] = "adamw"
     lr: Annotated[float, knob("learning rate (the start of the cosine schedule)", gt=0, le=10)] = 0.003
     weight_decay: Annotated[float, knob("decoupled for adamw, L2 for sgd and adam", ge=0, le=10)] = 0.0001
     momentum: Annotated[float, knob("sgd only", ge=0, lt=1)] = 0.9

@@ -10,6 +10,7 @@ What each arm means is data in ``arms.py``; docs/precision-arms.md says it in wo
 from __future__ import annotations
 
 import contextlib
+import copy
 import fnmatch
 import types
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import torch
 
 from ampbench import arms
 from ampbench.errors import ArmUnavailable, DeviceError
-from ampbench.params import GradScalerParams
+from ampbench.params import GradScalerParams, TrainParams
 
 
 @dataclass(frozen=True)
@@ -30,9 +31,11 @@ class PrecisionPolicy:
     autocast_dtype: torch.dtype | None  # None: no autocast, everything in float32
     use_scaler: bool
     tf32: bool  # TF32 tensor-core math for fp32 matmuls and convolutions
-    param_dtype: torch.dtype = torch.float32  # float16/bfloat16 only for the *_pure ablations
+    param_dtype: torch.dtype = torch.float32  # float16/bfloat16 for the pure arms (no float32 master weights)
     ablation: bool = False
     fp32_modules: tuple[str, ...] = ()  # train.fp32_modules: name patterns kept in float32 (16-bit arms only)
+    optimizer_impl: str = "torch"  # who implements train.optimizer (arms.OPTIMIZERS, optimizers.build)
+    float8_recipe: str | None = None  # torchao float8 training of the eligible Linear layers (float8.py)
 
     @property
     def low_precision(self) -> bool:
@@ -40,12 +43,27 @@ class PrecisionPolicy:
         return self.autocast_dtype is not None or self.param_dtype != torch.float32
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The model in this arm's parameter dtype (float32 except for the *_pure ablations), with the modules
-        ``fp32_modules`` names run in float32 (``keep_float32``) when the arm computes in 16 bits."""
+        """The model in this arm's parameter dtype (float32 except for the pure arms), with the modules
+        ``fp32_modules`` names run in float32 (``keep_float32``) when the arm computes in 16 bits, and for the fp8
+        arms a copy whose eligible Linear layers train in float8 (``model`` itself stays plain, so the evaluate
+        stage can still run its weights in strict float32)."""
         model = model.to(self.param_dtype)
-        if self.fp32_modules and self.low_precision:
-            keep_float32(model, float32_matches(model, self.fp32_modules), self.device_type, self.param_dtype)
+        float32 = float32_matches(model, self.fp32_modules) if self.fp32_modules and self.low_precision else []
+        if float32:
+            keep_float32(model, float32, self.device_type, self.param_dtype)
+        if self.float8_recipe:
+            from ampbench import float8
+
+            model = copy.deepcopy(model)
+            float8.convert(model, self.float8_recipe, float32)
         return model
+
+    def make_optimizer(self, tp: TrainParams, params, device: torch.device) -> torch.optim.Optimizer:
+        """train.optimizer from this arm's implementation (torch.optim, torchao's stochastic rounding,
+        torch-optimi's Kahan summation: ``optimizers.build``)."""
+        from ampbench.optimizers import build
+
+        return build(self.optimizer_impl, tp, params, device)
 
     def cast_input(self, x: torch.Tensor) -> torch.Tensor:
         """Floating inputs in the parameter dtype (a no-op for every arm with float32 weights); token ids stay."""
@@ -93,6 +111,8 @@ class PrecisionPolicy:
             "param_dtype": str(self.param_dtype).removeprefix("torch."),
             "ablation": str(self.ablation).lower(),
             "fp32_modules": ",".join(self.fp32_modules) if self.fp32_modules and self.low_precision else "none",
+            "optimizer_impl": self.optimizer_impl,
+            "float8": self.float8_recipe or "off",
             "cuda_matmul_fp32_precision": torch.backends.cuda.matmul.fp32_precision,
             "cudnn_conv_fp32_precision": torch.backends.cudnn.conv.fp32_precision,
             "onednn_matmul_fp32_precision": torch.backends.mkldnn.matmul.fp32_precision,
@@ -106,8 +126,12 @@ def describe_line(d: dict[str, str]) -> str:
     tf32 = "on" if d["cuda_matmul_fp32_precision"] == d["cudnn_conv_fp32_precision"] == "tf32" else "off"
     parts = ["no autocast" if d["autocast_dtype"] == "off" else f"autocast {d['autocast_dtype']}",
              f"GradScaler {d['grad_scaler']}", f"TF32 {tf32}", f"oneDNN fp32 {d['onednn_matmul_fp32_precision']}"]
+    if d.get("float8", "off") != "off":
+        parts.append(f"float8 {d['float8']} Linear layers")
     if d["param_dtype"] != "float32":
         parts.append(f"weights {d['param_dtype']}")
+    if d.get("optimizer_impl", "torch") != "torch":
+        parts.append(f"optimizer {arms.OPTIMIZER_PACKAGES[d['optimizer_impl']]}")
     if d["fp32_modules"] != "none":
         parts.append(f"float32 modules {d['fp32_modules']}")
     if d["ablation"] == "true":
@@ -184,6 +208,17 @@ def without_float32(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def plain_model(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` as a user's plain float32 code would hold it (in place): ``keep_float32``'s wrappers off, float8
+    layers back to ``nn.Linear`` (torchao stays a dependency of the arm, not of a logged model)."""
+    without_float32(model)
+    if any(type(m).__name__ == "Float8Linear" for m in model.modules()):
+        from ampbench.float8 import unconvert
+
+        unconvert(model)
+    return model
+
+
 def _cuda_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
@@ -193,7 +228,8 @@ def policy_for(arm: arms.Arm, device_type: str, fp32_modules: tuple[str, ...] = 
     return PrecisionPolicy(name=arm.name, device_type=device_type,
                            autocast_dtype=getattr(torch, arm.autocast) if arm.autocast else None,
                            use_scaler=arm.scaler, tf32=arm.tf32, param_dtype=getattr(torch, arm.param_dtype),
-                           ablation=arm.ablation, fp32_modules=tuple(fp32_modules))
+                           ablation=arm.ablation, fp32_modules=tuple(fp32_modules), optimizer_impl=arm.optimizer,
+                           float8_recipe=arm.float8)
 
 
 def resolve_policy(name: str, device: torch.device, fp32_modules: tuple[str, ...] | list[str] = ()) -> PrecisionPolicy:
@@ -217,7 +253,30 @@ def resolve_policy(name: str, device: torch.device, fp32_modules: tuple[str, ...
             raise ArmUnavailable("tf32 is a CUDA tensor-core mode; on CPU it would run as plain fp32")
     else:
         raise ArmUnavailable(f"device type {device.type!r} is not supported (cpu or cuda)")
+    _check_packages(policy)
+    if policy.float8_recipe:
+        from ampbench import float8
+
+        why = (float8.cuda_refusal(policy.float8_recipe, _cuda_capability(device)) if device.type == "cuda"
+               else float8.cpu_can_run())
+        if why:
+            raise ArmUnavailable(why)
     return policy
+
+
+_PACKAGES = {"torchao_sr": ("torchao", "torchao"), "optimi_kahan": ("optimi", "torch-optimi")}
+
+
+def _check_packages(policy: PrecisionPolicy) -> None:
+    """ArmUnavailable when the library an arm's optimizer or float8 layers come from is not installed."""
+    import importlib.util
+
+    needs = [_PACKAGES[policy.optimizer_impl]] if policy.optimizer_impl in _PACKAGES else []
+    if policy.float8_recipe:
+        needs.append(("torchao", "torchao"))
+    for module, dist in needs:
+        if importlib.util.find_spec(module) is None:
+            raise ArmUnavailable(f"{policy.name} needs {dist}, which is not installed (pip install {dist})")
 
 
 def resolve_device(requested: str) -> torch.device:

@@ -41,6 +41,9 @@ class SeedSummary(_Strict):
     model_uri: str | None = None
     flops: dict[str, Any] | None = None
     evaluations: list[dict[str, float]] = []  # step, seconds, val_loss: what time to fp32's quality reads
+    optimizer: dict[str, str] | None = None  # optimizers.describe: class, rounding, weight dtype
+    state_bytes: dict[str, Any] | None = None  # optimizers.state_bytes: weights, gradients, optimizer state
+    float8: dict[str, Any] | None = None  # float8.record: recipe, each Linear layer converted or not and why
 
 
 class ArmSummary(_Strict):
@@ -61,6 +64,9 @@ class ArmSummary(_Strict):
     input_path: str | None = None
     input_wait_share: Number = None
     flops: dict[str, Any] | None = None
+    optimizer: dict[str, str] | None = None
+    state_bytes: dict[str, Any] | None = None
+    float8: dict[str, Any] | None = None
     first_nonfinite: dict[str, dict[str, Any]] = {}
     activations: list[dict[str, Any]] = []
 

@@ -90,10 +90,11 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
     lines += _plans(arms, comparison, context)
     lines += _throughput(arms, comparison)
     lines += ["", "What ran per arm (read back from torch):", ""]
+    base_state = next((a.train.get("state_bytes") for a in arms if a.arm == BASELINE and a.ran), None)
     for a in arms:
         if a.ran:
             ran = ", ".join(f"{k}={v}" for k, v in a.train.get("policy", {}).items() if k != "precision")
-            lines.append(f"- **{a.arm}**: {ran}")
+            lines.append(f"- **{a.arm}**: {ran}" + "".join(f"; {part}" for part in what_ran(a.train, base_state)))
     lines += numerics_lines(arms, comparison)
     if context.get("note"):
         lines += ["", context["note"]]
@@ -191,6 +192,27 @@ def _loss_table(arms: list[ArmReport], comparison: dict[str, dict], context: dic
                       "| vs fp32 seed noise "
                       f"| {task.loss_label} | perplexity | {task.accuracy_label} | accuracy verdict "
                       "| Δaccuracy, pp [CI] | agreement | KL(fp32‖arm)", row)
+
+
+def what_ran(train: dict[str, Any], base_state: dict[str, Any] | None) -> list[str]:
+    """The optimizer (class and how it writes low-precision weights), the counted bytes of weights, gradients and
+    optimizer state, and float8's converted and left-out Linear layers, as phrases for an arm's "what ran" line."""
+    parts = []
+    opt, state, f8 = train.get("optimizer"), train.get("state_bytes"), train.get("float8")
+    if opt:
+        parts.append(f"optimizer {opt['optimizer_class']}, {opt['optimizer_rounding']}")
+    if state and state.get("per_parameter"):
+        vs = (f", {state['total'] / base_state['total']:.2f}× fp32's" if base_state and base_state.get("total")
+              else "")
+        parts.append(f"weights + gradients + optimizer state {state['per_parameter']:.1f} bytes per parameter "
+                     f"({state['total'] / 2**20:,.2f} MiB{vs}; counted tensor by tensor)")
+    if f8:
+        rows = f8["modules"]
+        left = [f"{r['module']} ({r['reason']})" for r in rows if not r["converted"]]
+        parts.append(f"float8 {f8['recipe']}: {f8['converted']} of {f8['linear_layers']} Linear layers converted ("
+                     + ", ".join(r["module"] for r in rows if r["converted"]) + ")"
+                     + (f", left out: {', '.join(left[:6])}{' …' if len(left) > 6 else ''}" if left else ""))
+    return parts
 
 
 def _arm_table(arms: list[ArmReport], comparison: dict[str, dict], columns: str, row) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ampbench import distributed
+from ampbench import arms, distributed
 from ampbench.determinism import set_deterministic
 from ampbench.errors import ParamsError
 from ampbench.flops import count_step_flops
@@ -37,12 +37,34 @@ def check_model(params: Params, data: Prepared, task: Task, device: torch.device
     tp = params.train
     set_deterministic(tp.deterministic, tp.cudnn_benchmark, tp.compile)
     spec, contract = ModelSpec.from_train(tp), task.model_args(data.meta)
-    if tp.fp32_modules:  # a pattern that matches nothing would silently leave the layer in 16 bits
-        try:
-            float32_matches(build_for(spec, contract), tp.fp32_modules)
+    fp8 = [a for a in tp.precisions if arms.get(a).float8]
+    if tp.fp32_modules or fp8:
+        plain = build_for(spec, contract)
+        try:  # a pattern that matches nothing would silently leave the layer in 16 bits
+            float32 = float32_matches(plain, tp.fp32_modules) if tp.fp32_modules else []
         except ValueError as exc:
             raise ParamsError(str(exc)) from None
+        check_float8(fp8, plain, float32, tp, device)
     return inspect_model(spec, data.train.inputs(data.train.x[:2]), contract, device, task)
+
+
+def check_float8(fp8: list[str], model: torch.nn.Module, float32: list[str], tp, device: torch.device) -> None:
+    """Refuse, before any arm trains, fp8 arms in train.precisions that would convert no Linear layer of the model
+    (they would train as bf16 under an fp8 label), and fp8 on CUDA without torch.compile (torchao's float8 casts
+    are fused by it; eager fp8 is slower than bf16, and comparing it with uncompiled arms would not be fair)."""
+    if not fp8:
+        return
+    from ampbench.float8 import choices, no_eligible
+
+    chosen = choices(model, float32)
+    if not any(c["converted"] for c in chosen):
+        raise ParamsError(f"train.model: {no_eligible(chosen)}, so {', '.join(fp8)} would train as bf16 under an fp8 "
+                          f"label; use a model with Linear layers of multiples of 16 (e.g. mlp, vit_tiny, gpt) or "
+                          f"drop {', '.join(fp8)} from train.precisions")
+    if device.type == "cuda" and not tp.compile:
+        raise ParamsError(f"train.compile: {', '.join(fp8)} on CUDA needs torch.compile (torchao's float8 recipe: "
+                          "eager float8 is slower than bf16); set -S train.compile=true, which compiles every arm "
+                          "alike")
 
 
 LARGE_REQUEST = 10  # × the default run's arms × seeds × epochs: beyond it, the plan and its estimate are printed

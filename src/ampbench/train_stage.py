@@ -112,6 +112,9 @@ def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dic
         # Numerics: FLOPs by dtype of one counted step, the first non-finite module per seed, and the
         # per-module activation ranges of every seed (diverged ones too), closest to fp16's top first.
         "flops": next((s["flops"] for s in seeds.values() if s.get("flops")), None),
+        # What ran, read back from the first finished seed: optimizer class and rounding, the bytes of weights,
+        # gradients and optimizer state, float8's converted and left-out Linear layers.
+        **{k: next((s[k] for s in ok if s.get(k)), None) for k in ("optimizer", "state_bytes", "float8")},
         "first_nonfinite": {seed: s["first_nonfinite"] for seed, s in seeds.items() if s.get("first_nonfinite")},
         "activations": merge_tables([s.get("activations") or [] for s in seeds.values()]),
     }
@@ -191,10 +194,24 @@ def _fit_in_run(job: SeedJob, model: torch.nn.Module, state: TrainState, cfg: Lo
             raise AmpbenchError(f"{job.name}: training ran no optimizer step; its results would be untrained")
         record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name)
         record["flops"] = flops
+        record.update(what_ran(job.policy, model, state.optimizer))
         out.numerics(job, run_id, record)
         paths = out.seed_files(job, checkpoint.state_dict(state), progress.records, record["activations"])
         out.seed_artifacts(job, paths, record, model)
     return record
+
+
+def what_ran(policy, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Read back from the trained objects: the optimizer's class and rounding, the bytes of weights, gradients
+    and optimizer state, and for the fp8 arms each Linear layer converted or left out with why."""
+    from ampbench import optimizers
+
+    ran = {"optimizer": optimizers.describe(optimizer), "state_bytes": optimizers.state_bytes(model, optimizer)}
+    if policy.float8_recipe:
+        from ampbench import float8
+
+        ran["float8"] = float8.record(model, policy.float8_recipe)
+    return ran
 
 
 def _diverged(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: ArmOutputs,

@@ -102,20 +102,6 @@ def throughput(records: list[EpochRecord]) -> float:
     return statistics.median(rates[1:] if len(rates) > 1 else rates)
 
 
-def make_optimizer(tp: TrainParams, params, device: torch.device) -> torch.optim.Optimizer:
-    """SGD / Adam / AdamW, fused where the device allows: a fused optimizer lets GradScaler skip inf steps
-    inside the kernel instead of reading ``found_inf`` on the host every step."""
-    fused = device.type in ("cuda", "cpu")
-    common = {"lr": tp.lr, "weight_decay": tp.weight_decay, "fused": fused}
-    if tp.optimizer == "sgd":
-        return torch.optim.SGD(params, momentum=tp.momentum, **common)
-    if tp.optimizer == "adam":
-        return torch.optim.Adam(params, **common)
-    if tp.optimizer == "adamw":
-        return torch.optim.AdamW(params, **common)
-    raise ValueError(f"unknown optimizer {tp.optimizer!r}")
-
-
 def make_scheduler(name: str, optimizer: torch.optim.Optimizer, epochs: int):
     """Per-epoch LR schedule: ``constant`` or ``cosine`` (to zero over ``epochs``)."""
     if name == "cosine":
@@ -128,7 +114,7 @@ def make_scheduler(name: str, optimizer: torch.optim.Optimizer, epochs: int):
 def init_state(model: nn.Module, policy: PrecisionPolicy, cfg: LoopConfig, device: torch.device) -> TrainState:
     """Fresh optimizer, scheduler, scaler and data-order generator for ``model`` (already on ``device``)."""
     tp = cfg.train
-    optimizer = make_optimizer(tp, model.parameters(), device)
+    optimizer = policy.make_optimizer(tp, model.parameters(), device)
     return TrainState(
         model=model,
         optimizer=optimizer,
@@ -249,4 +235,5 @@ def _record(state: TrainState, sums: EpochSums, val: tuple[float, float], second
     return EpochRecord(epoch=state.epoch, train_loss=train_loss, train_accuracy=train_accuracy, val_loss=val[0],
                        val_accuracy=val[1], samples_per_s=sums.seen / seconds, epoch_seconds=seconds,
                        optimizer_steps=state.step - numerics.first_step, input_wait_seconds=inputs.wait_seconds,
-                       lr=state.optimizer.param_groups[0]["lr"], windows=speed.take(), evaluations=evaluations, **n)
+                       lr=float(state.optimizer.param_groups[0]["lr"]),  # a tensor in torchao's optimizer
+                       windows=speed.take(), evaluations=evaluations, **n)
