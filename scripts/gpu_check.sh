@@ -5,7 +5,9 @@
 # the wheels in .whl (scripts/gpu_wheels.sh) installed into a folder of their own, then a real `dvc repro` of two
 # GPU profiles (ResNet-18 on synthetic 32×32 images: tensor cores; the digits data: a verdict), MLflow logging to
 # one SQLite store, and the reports packed. Each step has a time limit; a failed step is reported and the next runs.
-# Results in ${OUT:-.}: versions.txt, gpu_bench.json, gpu_sync_debug.json, gpu_pytest.txt and, with --pipeline,
+# The arms past autocast (bf16_pure / bf16_sr / bf16_kahan, fp8_tensorwise / fp8_rowwise: not yet run on a GPU) have
+# a bench of their own on vit_tiny, compiled (torchao's float8 recipe needs torch.compile), with bf16 beside them.
+# Results in ${OUT:-.}: versions.txt, gpu_bench.json, gpu_bench_new_arms.json, gpu_pytest.txt and, with --pipeline,
 # pipeline_<profile>.tar.gz (params, dvc.lock, reports/, each arm's JSON records) and mlflow.db: 7 files, room for
 # the log (`… 2>&1 | tee $OUT/gpu_check.log`) within a GPU run's 8. GPU_CHECK_PROFILES picks profiles (default both).
 #   bash scripts/gpu_check.sh --pipeline               # on the GPU machine, from the repository root, .whl carried
@@ -93,10 +95,22 @@ step bench 240 "$py" -m ampbench.bench --device "$device" "${sizes[@]}" --no-mlf
   --arms fp32,tf32,fp16,bf16 --overhead-arms fp32,tf32,fp16,bf16 --json "$out/gpu_bench.json"
 
 if [ "$device" = cuda ]; then
+  new_sizes=(--model vit_tiny --image-size 32 --channels 3 --batch-size 256 --steps 30 --rounds 3 --window 10
+             --warmup-steps 10 --compile --arm-budget 15)
+else
+  new_sizes=(--model mlp --image-size 8 --channels 1 --batch-size 16 --steps 6 --rounds 2 --window 2 --warmup-steps 2)
+fi
+echo "== bench: arms past autocast (pure bf16: nearest, stochastic rounding, Kahan summation; float8 Linear layers:"
+echo "   tensorwise ≥ CC 8.9, rowwise ≥ CC 9.0), bf16 autocast beside them; state B/param: weights + grads + optimizer"
+step bench-new-arms 200 "$py" -m ampbench.bench --device "$device" "${new_sizes[@]}" --no-mlflow \
+  --arms fp32,bf16,bf16_pure,bf16_sr,bf16_kahan,fp8_tensorwise,fp8_rowwise --overhead-arms fp32 \
+  --json "$out/gpu_bench_new_arms.json"
+
+if [ "$device" = cuda ]; then
   echo "== sync-debug: steady-state steps of every arm under torch.cuda.set_sync_debug_mode('error')"
   step sync-debug 90 "$py" -m ampbench.bench --device cuda --model resnet18 --image-size 32 --batch-size 128 \
     --steps 12 --rounds 1 --window 4 --warmup-steps 2 --sync-debug --no-mlflow --arms fp32,tf32,fp16,bf16 \
-    --overhead-arms fp16 --arm-budget none --json "$out/gpu_sync_debug.json" >/dev/null \
+    --overhead-arms fp16 --arm-budget none --json "$scratch/gpu_sync_debug.json" >/dev/null \
     && echo "sync-debug: PASSED (no implicit host-device sync in steady-state steps)"
 else
   echo "== sync-debug: skipped (CUDA only)"
@@ -105,7 +119,7 @@ fi
 echo "== pytest -m gpu (the test files that need only what the GPU machine has)"
 # No cache dir: the checkout may be read-only.
 step pytest 150 bash -c "'$py' -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test_bench.py \
-  tests/test_precision.py 2>&1 | tee '$out/gpu_pytest.txt' | tail -3"
+  tests/test_precision.py tests/test_arms_past_autocast.py 2>&1 | tee '$out/gpu_pytest.txt' | tail -3"
 
 if [ "$pipeline" = 1 ]; then
   # One SQLite store for both profiles, outside the copies (what an MLflow UI opens afterwards).

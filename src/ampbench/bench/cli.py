@@ -52,19 +52,22 @@ def table(result: dict[str, Any]) -> str:
                      f"{100 * lg['share']:.2f}% ({lg['backend']}; goal ≤ {100 * lg['goal']:.0f}%: "
                      f"{'OK' if lg['meets_goal'] else 'ABOVE GOAL'})")
     lines += ["", f"{'arm':14s} {'samples/s':>12s} {'× fp32':>8s} {'× tf32':>8s} {'peak MB':>9s} {'mem × fp32':>10s} "
-              f"{'16-bit FLOPs':>12s} {'TFLOP/s':>9s} {'of peak':>8s}"]
+              f"{'state B/param':>13s} {'16-bit FLOPs':>12s} {'TFLOP/s':>9s} {'of peak':>8s}"]
     for arm, a in result["arms"].items():
         if "skipped" in a:
             lines.append(f"{arm:14s} skipped: {a['skipped']}")
             continue
         cells = [_cell(a, "samples_per_s", ",.0f", 12), _cell(a, "speedup_vs_fp32", ".2f", 8),
                  _cell(a, "speedup_vs_tf32", ".2f", 8), _cell(a, "peak_memory_mb", ",.0f", 9),
-                 _cell(a, "memory_vs_fp32", ".2f", 10), _cell(a, "low_precision_flop_share", ".0%", 12),
+                 _cell(a, "memory_vs_fp32", ".2f", 10), _cell(a, "state_bytes_per_parameter", ".1f", 13),
+                 _cell(a, "low_precision_flop_share", ".0%", 12),
                  _cell(a, "achieved_tflops", ".3g", 9), _cell(a, "peak_share", ".1%", 8)]
         lines.append(f"{arm:14s} " + " ".join(cells))
     lines += _cut_short(result)
     if "memory_note" in result:
         lines.append(result["memory_note"])
+    lines.append("state B/param: bytes of weights + gradients + optimizer state per parameter, counted tensor by "
+                 "tensor (any device)")
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ from ampbench.hardware import fingerprint, peak_memory_mb, peak_tflops, reset_pe
 from ampbench.model_factory import ModelSpec, build_for
 from ampbench.models import unwrap
 from ampbench.monitor import WindowTimer
+from ampbench.optimizers import state_bytes
 from ampbench.params import TrainParams
 from ampbench.precision import resolve_device, resolve_policy
 from ampbench.splits import Split
@@ -275,6 +276,8 @@ def _arm_ratios(cfg: BenchConfig, device, train: Split, val: Split) -> dict[str,
     device_name = fingerprint(device)["device_name"]
     for name in runners:  # by name, as above
         arms[name].update(_flop_rate(runners[name], train, device_name, arms[name]["samples_per_s"]))
+        st = runners[name].state  # weights, gradients and optimizer state, counted (the pure arms' point)
+        arms[name]["state_bytes_per_parameter"] = state_bytes(st.model, st.optimizer)["per_parameter"]
     names = list(runners)
     runners.clear()  # throughput needed every arm alive (interleaved rounds); memory needs each one alone
     for arm, peak in isolated_peaks(cfg, device, train, val, names).items():
