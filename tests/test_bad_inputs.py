@@ -483,3 +483,21 @@ def test_a_stage_that_fails_under_dvc_says_how_to_get_its_outputs_back(tmp_path,
     result = _invoke("train", args, env={"DVC_STAGE": "train@fp32"})
     assert "(DVC removed train@fp32's previous outputs before running it: `dvc checkout train@fp32` restores them " \
            "from its cache)" in result.stderr
+
+
+def test_fp8_with_a_model_without_eligible_linear_layers_stops_even_the_fp32_stage(tmp_path, prepared, mlflow_store,
+                                                                                 tiny_params, write_params):
+    """small_cnn's only Linear layer is its 32→10 head: fp8_tensorwise would train as bf16 under an fp8 label. Every
+    train stage (fp32's, which runs first, included) refuses it in one line before any work; an optimizer the
+    arm's implementation lacks is refused by the check stage's validation, also in one line."""
+    tiny_params["train"].update(precisions=["fp32", "fp8_tensorwise"])
+    args = _args("train", write_params(tiny_params), tmp_path, prepared)
+    before = _files(tmp_path)
+    _assert_clean_failure(_invoke("train", args),
+                          "train.model: no Linear layer of the model can train in float8 (11: 32→10 not divisible "
+                          "by 16), so fp8_tensorwise would train as bf16", before, tmp_path, mlflow_store)
+    tiny_params["train"].update(precisions=["fp32", "bf16_sr"], optimizer="sgd")
+    args = _args("train", write_params(tiny_params), tmp_path, prepared)  # rewrites the same params.yaml
+    _assert_clean_failure(_invoke("train", args),
+                          "train.optimizer: 'sgd' with bf16_sr: torchao's _AdamW (stochastic rounding) has only adamw",
+                          before, tmp_path, mlflow_store)

@@ -104,6 +104,24 @@ def adoption_code(arm: Arm, device_type: str = "cuda") -> str:
     return "\n".join(lines)
 
 
+def conflicts(precisions: list[str], optimizer: str, fp32_modules: list[str]) -> list[tuple[str, str]]:
+    """(key, reason) for arms combined with a setting they cannot honour: an optimizer the arm's implementation
+    lacks, float32 modules in an arm that keeps no float32 weights (params validation reports them)."""
+    problems = []
+    for arm in (ARMS[name] for name in precisions if name in ARMS):
+        have = OPTIMIZERS[arm.optimizer]
+        if optimizer not in have:
+            problems.append(("train.optimizer", f"{optimizer!r} with {arm.name}: {OPTIMIZER_PACKAGES[arm.optimizer]} "
+                                                f"has only {', '.join(have)}; set -S train.optimizer={have[0]} or "
+                                                f"drop {arm.name} from train.precisions"))
+        if arm.pure and not arm.ablation and fp32_modules:
+            problems.append(("train.fp32_modules", f"{list(fp32_modules)} with {arm.name}: a pure-bf16 arm keeps no "
+                                                   "float32 weights for any module (its optimizer updates bfloat16 "
+                                                   f"weights); drop {arm.name} from train.precisions or empty "
+                                                   "train.fp32_modules"))
+    return problems
+
+
 def get(name: str) -> Arm:
     """The arm called ``name``; KeyError names the known ones."""
     try:

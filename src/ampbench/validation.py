@@ -11,8 +11,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from ampbench import arms
-from ampbench.arms import BASELINE
+from ampbench.arms import BASELINE, conflicts
 from ampbench.errors import ParamsError
 from ampbench.params import DATASETS, IMAGE_MODELS, MODELS, Params
 
@@ -81,7 +80,7 @@ def _cross_checks(p: Params) -> list[tuple[str, str]]:
         task_kind(tp.task)
     except ValueError as exc:
         problems.append(("train.task", str(exc)))
-    problems += _task_checks(p)
+    problems += _task_checks(p) + conflicts(tp.precisions, tp.optimizer, tp.fp32_modules)
     try:
         kind = model_kind(tp.model)
     except ValueError as exc:
@@ -111,32 +110,9 @@ def _cross_checks(p: Params) -> list[tuple[str, str]]:
     if tp.batch_size < 2:
         problems.append(("train.batch_size", f"{tp.batch_size} trains nothing: batches of one sample are dropped "
                                              "(BatchNorm cannot train on them); use at least 2"))
-    problems += _arm_checks(p)
     if tp.batch_size % tp.nproc_per_node:
         problems.append(("train.batch_size", f"{tp.batch_size} does not split evenly over nproc_per_node="
                                              f"{tp.nproc_per_node} processes (it is the global batch)"))
-    return problems
-
-
-def _arm_checks(p: Params) -> list[tuple[str, str]]:
-    """(key, reason) for arms combined with a setting they cannot honour: an optimizer the arm's implementation
-    lacks, float32 modules in an arm that keeps no float32 weights."""
-    tp, problems = p.train, []
-    for name in tp.precisions:
-        arm = arms.ARMS.get(name)
-        if arm is None:
-            continue
-        have = arms.OPTIMIZERS[arm.optimizer]
-        if tp.optimizer not in have:
-            impl = arms.OPTIMIZER_PACKAGES[arm.optimizer]
-            problems.append(("train.optimizer", f"{tp.optimizer!r} with {name}: {impl} has only {', '.join(have)}; "
-                                                f"set -S train.optimizer={have[0]} or drop {name} from "
-                                                "train.precisions"))
-        if arm.pure and not arm.ablation and tp.fp32_modules:
-            problems.append(("train.fp32_modules", f"{list(tp.fp32_modules)} with {name}: a pure-bf16 arm keeps no "
-                                                   "float32 weights for any module (its optimizer updates bfloat16 "
-                                                   f"weights); drop {name} from train.precisions or empty "
-                                                   "train.fp32_modules"))
     return problems
 
 
