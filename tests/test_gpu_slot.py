@@ -128,6 +128,9 @@ def test_the_pipeline_gpu_check_dry_run_on_cpu(tmp_path):
     assert versions.startswith("torch ") and "source test" in versions and "missing: none" in versions
     r = json.loads((out / "gpu_bench.json").read_text())
     assert set(r["loop_overhead"]) == {"fp32", "tf32", "fp16", "bf16"} and "skipped" in r["arms"]["tf32"]
+    new = json.loads((out / "gpu_bench_new_arms.json").read_text())["arms"]  # the arms past autocast, measured
+    assert {"bf16_sr", "bf16_kahan", "fp8_tensorwise", "fp8_rowwise"} <= set(new)
+    assert all(new[a].get("samples_per_s") and new[a].get("state_bytes_per_parameter") for a in new)
     assert " skipped" in (out / "gpu_pytest.txt").read_text()
     with tarfile.open(out / "pipeline_digits.tar.gz") as tar:
         names = set(tar.getnames())

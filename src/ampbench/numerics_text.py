@@ -52,8 +52,9 @@ def _flop_line(a: ArmReport, c: dict[str, Any]) -> str | None:
                       f"({a.numerics['peak_tflops']:g} TFLOP/s): {bound_by(c)}")
     flag = (" — **autocast had no effect**: its matmuls and convolutions ran in float32 (a model that casts "
             "its own inputs, or an op autocast does not cover)" if no_effect(a) else "")
+    bits = "16 or 8 bits" if any(d.startswith("float8") for d in flops["by_dtype"]) else "16 bits"
     return (f"- **{a.arm}**: {100 * flops['low_precision_share']:.0f}% of matmul/conv/attention FLOPs in "
-            f"16 bits ({dtypes}; {short_count(flops['per_sample'])} FLOPs per training sample){speed}{flag}")
+            f"{bits} ({dtypes}; {short_count(flops['per_sample'])} FLOPs per training sample){speed}{flag}")
 
 
 def _nonfinite_lines(arms: list[ArmReport]) -> list[str]:
