@@ -5,24 +5,27 @@
 # the wheels in .whl (scripts/gpu_wheels.sh) installed into a folder of their own, then a real `dvc repro` of two
 # GPU profiles (ResNet-18 on synthetic 32×32 images: tensor cores; the digits data: a verdict), MLflow logging to
 # one SQLite store, and the reports packed. Each step has a time limit; a failed step is reported and the next runs.
-# The arms past autocast (bf16_pure / bf16_sr / bf16_kahan, fp8_tensorwise / fp8_rowwise: not yet run on a GPU) have
-# a bench of their own on vit_tiny, compiled (torchao's float8 recipe needs torch.compile), with bf16 beside them.
-# Results in ${OUT:-.}: versions.txt, gpu_bench.json, gpu_bench_new_arms.json, gpu_pytest.txt and, with --pipeline,
+# Results in ${OUT:-.}: versions.txt, gpu_bench.json, gpu_sync_debug.json, gpu_pytest.txt and, with --pipeline,
 # pipeline_<profile>.tar.gz (params, dvc.lock, reports/, each arm's JSON records) and mlflow.db: 7 files, room for
 # the log (`… 2>&1 | tee $OUT/gpu_check.log`) within a GPU run's 8. GPU_CHECK_PROFILES picks profiles (default both).
+# --new-arms, a second command of its own: the arms past autocast (bf16_pure / bf16_sr / bf16_kahan, fp8_tensorwise /
+# fp8_rowwise: not yet run on a GPU) benched on vit_tiny, compiled (torchao's float8 recipe needs torch.compile), with
+# fp32 and bf16 beside them, and their GPU test: versions.txt, gpu_bench_new_arms.json, gpu_pytest_new_arms.txt.
 #   bash scripts/gpu_check.sh --pipeline               # on the GPU machine, from the repository root, .whl carried
 #   bash scripts/gpu_check.sh --pipeline --device cpu  # the dry run: tiny sizes on CPU, on a simulated GPU machine
 #   bash scripts/gpu_check.sh [--device cpu]           # bench, API and sync-debug checks, pytest -m gpu only
+#   bash scripts/gpu_check.sh --new-arms [--device cpu] # the arms past autocast (wheels installed as for --pipeline)
 # docs/gpu.md says how to run it through the GPU slot and what was measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-device=cuda pipeline=0
+device=cuda pipeline=0 new_arms=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device="${2:?--device needs cuda or cpu}"; shift 2 ;;
     --pipeline) pipeline=1; shift ;;
-    *) echo "usage: $0 [--pipeline] [--device cuda|cpu]" >&2; exit 2 ;;
+    --new-arms) new_arms=1; shift ;;
+    *) echo "usage: $0 [--pipeline | --new-arms] [--device cuda|cpu]" >&2; exit 2 ;;
   esac
 done
 out="${OUT:-.}"
@@ -46,7 +49,7 @@ step() {
   fi
 }
 
-if [ "$pipeline" = 1 ]; then
+if [ "$pipeline" = 1 ] || [ "$new_arms" = 1 ]; then  # both need the pipeline's wheels (torchao, torch-optimi)
   if [ "$device" = cuda ]; then
     [ -d .whl ] || { echo "error: no .whl here: run scripts/gpu_wheels.sh on the CPU machine and carry .whl" >&2; exit 2; }
     site=/tmp/ampbench-site
@@ -81,6 +84,30 @@ PY
   "$py" scripts/torch_api_check.py | tail -1
 } 2>&1 | tee "$out/versions.txt"
 
+if [ "$new_arms" = 1 ]; then
+  if [ "$device" = cuda ]; then  # every arm compiled alike, no time budget: compilation dominates, steps are ms
+    new_sizes=(--model vit_tiny --image-size 32 --channels 3 --batch-size 256 --steps 20 --rounds 2 --window 5
+               --warmup-steps 5 --compile --arm-budget none)
+  else
+    new_sizes=(--model mlp --image-size 8 --channels 1 --batch-size 16 --steps 6 --rounds 2 --window 2
+               --warmup-steps 2)
+  fi
+  echo "== bench: arms past autocast (pure bf16: nearest, stochastic rounding, Kahan summation; float8 Linear layers:"
+  echo "   tensorwise ≥ CC 8.9, rowwise ≥ CC 9.0), bf16 autocast beside them; state B/param: weights + grads + optimizer"
+  step bench-new-arms 420 "$py" -m ampbench.bench --device "$device" "${new_sizes[@]}" --no-mlflow \
+    --arms fp32,bf16,bf16_pure,bf16_sr,bf16_kahan,fp8_tensorwise,fp8_rowwise --overhead-arms fp32 \
+    --json "$out/gpu_bench_new_arms.json"
+  echo "== pytest -m gpu: the arms past autocast, compiled, on this GPU"
+  step pytest-new-arms 150 bash -c "'$py' -m pytest -q -m gpu -p no:cacheprovider tests/test_arms_past_autocast.py \
+    2>&1 | tee '$out/gpu_pytest_new_arms.txt' | tail -3"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "== gpu_check --new-arms: ${#failed[@]} step(s) failed: ${failed[*]}"
+    exit 1
+  fi
+  echo "== gpu_check --new-arms: every step passed"
+  exit 0
+fi
+
 if [ "$device" = cuda ]; then
   sizes=(--model resnet18 --image-size 32 --channels 3 --batch-size 512 --steps 30 --rounds 3 --window 10
          --warmup-steps 10 --channels-last --arm-budget none)
@@ -95,22 +122,10 @@ step bench 240 "$py" -m ampbench.bench --device "$device" "${sizes[@]}" --no-mlf
   --arms fp32,tf32,fp16,bf16 --overhead-arms fp32,tf32,fp16,bf16 --json "$out/gpu_bench.json"
 
 if [ "$device" = cuda ]; then
-  new_sizes=(--model vit_tiny --image-size 32 --channels 3 --batch-size 256 --steps 30 --rounds 3 --window 10
-             --warmup-steps 10 --compile --arm-budget 15)
-else
-  new_sizes=(--model mlp --image-size 8 --channels 1 --batch-size 16 --steps 6 --rounds 2 --window 2 --warmup-steps 2)
-fi
-echo "== bench: arms past autocast (pure bf16: nearest, stochastic rounding, Kahan summation; float8 Linear layers:"
-echo "   tensorwise ≥ CC 8.9, rowwise ≥ CC 9.0), bf16 autocast beside them; state B/param: weights + grads + optimizer"
-step bench-new-arms 200 "$py" -m ampbench.bench --device "$device" "${new_sizes[@]}" --no-mlflow \
-  --arms fp32,bf16,bf16_pure,bf16_sr,bf16_kahan,fp8_tensorwise,fp8_rowwise --overhead-arms fp32 \
-  --json "$out/gpu_bench_new_arms.json"
-
-if [ "$device" = cuda ]; then
   echo "== sync-debug: steady-state steps of every arm under torch.cuda.set_sync_debug_mode('error')"
   step sync-debug 90 "$py" -m ampbench.bench --device cuda --model resnet18 --image-size 32 --batch-size 128 \
     --steps 12 --rounds 1 --window 4 --warmup-steps 2 --sync-debug --no-mlflow --arms fp32,tf32,fp16,bf16 \
-    --overhead-arms fp16 --arm-budget none --json "$scratch/gpu_sync_debug.json" >/dev/null \
+    --overhead-arms fp16 --arm-budget none --json "$out/gpu_sync_debug.json" >/dev/null \
     && echo "sync-debug: PASSED (no implicit host-device sync in steady-state steps)"
 else
   echo "== sync-debug: skipped (CUDA only)"
@@ -119,7 +134,7 @@ fi
 echo "== pytest -m gpu (the test files that need only what the GPU machine has)"
 # No cache dir: the checkout may be read-only.
 step pytest 150 bash -c "'$py' -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test_bench.py \
-  tests/test_precision.py tests/test_arms_past_autocast.py 2>&1 | tee '$out/gpu_pytest.txt' | tail -3"
+  tests/test_precision.py 2>&1 | tee '$out/gpu_pytest.txt' | tail -3"
 
 if [ "$pipeline" = 1 ]; then
   # One SQLite store for both profiles, outside the copies (what an MLflow UI opens afterwards).

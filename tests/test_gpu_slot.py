@@ -128,9 +128,6 @@ def test_the_pipeline_gpu_check_dry_run_on_cpu(tmp_path):
     assert versions.startswith("torch ") and "source test" in versions and "missing: none" in versions
     r = json.loads((out / "gpu_bench.json").read_text())
     assert set(r["loop_overhead"]) == {"fp32", "tf32", "fp16", "bf16"} and "skipped" in r["arms"]["tf32"]
-    new = json.loads((out / "gpu_bench_new_arms.json").read_text())["arms"]  # the arms past autocast, measured
-    assert {"bf16_sr", "bf16_kahan", "fp8_tensorwise", "fp8_rowwise"} <= set(new)
-    assert all(new[a].get("samples_per_s") and new[a].get("state_bytes_per_parameter") for a in new)
     assert " skipped" in (out / "gpu_pytest.txt").read_text()
     with tarfile.open(out / "pipeline_digits.tar.gz") as tar:
         names = set(tar.getnames())
@@ -140,3 +137,21 @@ def test_the_pipeline_gpu_check_dry_run_on_cpu(tmp_path):
     with sqlite3.connect(out / "mlflow.db") as db:
         finished = db.execute("select count(*) from runs where status = 'FINISHED'").fetchone()[0]
     assert finished >= 2 * 2  # fp32, bf16 × 2 seeds, parents aside
+
+
+@pytest.mark.slow
+def test_the_new_arms_gpu_check_dry_run_on_cpu(tmp_path):
+    """`gpu_check.sh --new-arms --device cpu`: the second GPU command (the arms past autocast benched side by side,
+    their GPU test) on the simulated GPU machine, which has torchao and torch-optimi only from the wheel set."""
+    out = tmp_path / "out"
+    env = {"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(out),
+           "PYTHON": sys.executable, "AMPBENCH_SOURCE": "test"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--new-arms", "--device", "cpu"],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "== gpu_check --new-arms: every step passed" in proc.stdout
+    new = json.loads((out / "gpu_bench_new_arms.json").read_text())["arms"]
+    assert {"fp32", "bf16_pure", "bf16_sr", "bf16_kahan", "fp8_tensorwise", "fp8_rowwise"} <= set(new)
+    assert all(new[a].get("samples_per_s") and new[a].get("state_bytes_per_parameter") for a in new)
+    assert new["bf16_sr"]["state_bytes_per_parameter"] < new["fp32"]["state_bytes_per_parameter"]
+    assert " skipped" in (out / "gpu_pytest_new_arms.txt").read_text()  # the GPU test, on a CPU
