@@ -32,9 +32,13 @@ def _why_not(module: nn.Linear, name: str, float32: list[str]) -> str | None:
 def choices(model: nn.Module, float32: list[str] = ()) -> list[dict[str, Any]]:
     """Every Linear layer of ``model``: name, dimensions, whether float8 training converts it and, if not, why
     (``float32``: the module names train.fp32_modules matched)."""
-    return [{"module": name, "in_features": m.in_features, "out_features": m.out_features,
-             "converted": _why_not(m, name, list(float32)) is None, "reason": _why_not(m, name, list(float32))}
-            for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    rows = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            why = _why_not(m, name, list(float32))
+            rows.append({"module": name, "in_features": m.in_features, "out_features": m.out_features,
+                         "converted": why is None, "reason": why})
+    return rows
 
 
 def convert(model: nn.Module, recipe: str, float32: list[str] = ()) -> list[dict[str, Any]]:
