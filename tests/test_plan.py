@@ -73,6 +73,17 @@ def test_what_no_design_can_reach_is_said_with_why():
                                      ["not worse"], -0.001)] == ["observed", "zero"]
 
 
+def test_with_no_prediction_differing_only_more_test_examples_are_planned():
+    # 5 seeds × 449 images, every prediction the same: the one-sided bound is the images' rule of three (0.60 pp).
+    identical = np.ones((5, 449), dtype=bool)
+    s = paired_accuracy(identical, identical, one_sided_level(0.95))
+    assert verdict(s, MARGIN, one_sided=True)[0] == "inconclusive"
+    p = plan(Design(Components.from_dict(s.components), 0.0, MARGIN, 0.95, True), "equivalent", 0.0, "observed")
+    assert p.examples == 541 and p.seeds is None and "more seeds add no evidence" in p.why_not_seeds
+    more = np.ones((5, 541), dtype=bool)
+    assert verdict(paired_accuracy(more, more, one_sided_level(0.95)), MARGIN, one_sided=True)[0] == "equivalent"
+
+
 CONTEXT = {"prepare": {"test_fraction": 0.25, "val_fraction": 0.1, "max_test": None},
            "test": {"size": 449, "from": "test_fraction", "available": 449}, "seeds": [0, 1, 2]}
 

@@ -77,7 +77,7 @@ def _example_half_widths(d: Design, delta: float, seeds: int, examples: int,
     n = seeds * examples
     p = max(d.discordance, abs(delta))
     per_pair = max(p - delta * delta, 1e-12)
-    deff = max(1.0, example_part * n / per_pair)
+    deff = max(1.0, example_part * n / per_pair) if p > 0 else float(seeds)  # as stats.py: no flip, examples count
     b, c = n * (p + delta) / 2 / deff, n * (p - delta) / 2 / deff
     low, high = tango_interval(b, c, n / deff, critical=t)
     return delta - low, high - delta
@@ -140,6 +140,8 @@ def _why_not(d: Design, question: str, delta: float, fixed: int, varied: str) ->
     if varied == "examples" and d.components.seed > 0:
         return (f"the seeds' own variation (sd {math.sqrt(d.components.seed):.2g} per seed) does not shrink with "
                 "test examples")
+    if varied == "seeds" and d.discordance == 0:
+        return "no prediction differed, so more seeds add no evidence (the test examples are the evidence)"
     if varied == "seeds":
         return f"not within {MAX_SEEDS} seeds"
     return f"not within {MAX_EXAMPLES:,} test examples"

@@ -8,8 +8,8 @@ an example-level interval and the Student-t interval over the per-seed differenc
 - examples: accuracy uses Tango's score interval on the pooled discordant counts (arm right where fp32 was wrong,
   and the reverse) deflated by the design effect (the examples' variance component, MS_example / (S·N), over the
   independent-pairs variance, ≥ 1: an example that flips in every seed counts once); it is never zero-width (with
-  no discordant pair at all it keeps the width that many agreeing pairs allow). Loss uses a t interval on the same
-  variance of the per-example loss differences.
+  no discordant pair at all it keeps the width N agreeing examples allow: the design effect is then S). Loss uses
+  a t interval on the same variance of the per-example loss differences.
 - seeds: the t interval over the S per-seed differences, which covers a seed effect of any size.
 
 The hull is what stays valid whatever the seeds' own effect: with S seeds it is estimated on S − 1 degrees of
@@ -147,7 +147,10 @@ def paired_accuracy(arm_correct, ref_correct, confidence: float = 0.95, finite: 
     if not finite:
         return PairedSummary(s, math.nan, math.nan, None, None, confidence, finite=False, **extra)
     comp = components(d)
-    deff = comp.design_effect
+    # With no discordant pair nothing measures whether the seeds flip the same examples: take the largest design
+    # effect S (examples, not seed × example pairs, are the independent evidence), or S seeds of a 270-example
+    # test set would claim S × 270 pairs' worth of agreement (coverage 92% where the same examples flip together).
+    deff = comp.design_effect if b + c else float(s)
     critical = critical_value(confidence, max(n_ex - 1, 1))
     low, high = _hull(*tango_interval(b / deff, c / deff, n / deff, confidence, critical), per_seed)
     return PairedSummary(s, (b - c) / n, per_seed.std, low, high, confidence, design_effect=deff,
