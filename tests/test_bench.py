@@ -113,8 +113,9 @@ def test_bench_times_a_language_model(tmp_path):
                  "--window", "2", "--warmup-steps", "1", "--batch-size", "8", "--arms", "fp32,bf16", "--no-mlflow",
                  "--device", "cpu", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    # Round 0: 1 + 2 steps, its one full window inside the warm-up; round 1: 4 steps, 2 windows kept.
-    assert r["config"]["model"] == "gpt" and r["loop_overhead"]["fp32"]["windows"] == [2, 2]
+    # The untimed first step (the budget's), then round 0: 1 + 2 steps, whose one full window now starts past the
+    # warm-up step and is kept; round 1: 4 steps, 2 windows kept.
+    assert r["config"]["model"] == "gpt" and r["loop_overhead"]["fp32"]["windows"] == [3, 3]
     assert r["arms"]["fp32"]["low_precision_flop_share"] == 0.0 and r["arms"]["bf16"]["low_precision_flop_share"] == 1.0
 
 
@@ -156,6 +157,24 @@ def test_a_fast_arm_and_an_unbudgeted_one_run_every_round_in_full(monkeypatch):
     assert ran == [20, 30, 30, 30, 30, 30] and not rec["cut_short"]
     ran, rec = _budgeted_rounds(monkeypatch, 5.0, None)  # the GPU profile: as before, whatever it costs
     assert ran == [30] * 5 and not rec["cut_short"]
+
+
+def test_under_a_budget_each_arm_first_takes_one_step_outside_it():
+    # The first step compiles (--compile, torchao's optimizer); round 0 would otherwise charge it to the budget and
+    # size every later round from it. The step is taken and its time and windows are thrown away.
+    from ampbench.bench.loop import _BareArm, _data, _PipelineArm, _prime
+
+    cfg = BenchConfig(device="cpu", steps=6, rounds=1, window=2, warmup_steps=2, batch_size=16, image_size=8,
+                      width=4, mlflow=False)
+    device = torch.device("cpu")
+    train, val = _data(cfg, 96, device, 0), _data(cfg, 16, device, 1)
+    pipe, bare = _PipelineArm(cfg, "fp32", device, train, val, lambda row, steps: None), _BareArm(cfg, "fp32", device,
+                                                                                                  train)
+    _prime(cfg, pipe, bare)
+    assert (pipe.state.step, pipe.windows, pipe.seconds, pipe.logging_seconds) == (1, [], 0.0, 0.0)
+    assert (bare.steps, bare.windows) == (1, [])
+    _prime(BenchConfig(device="cpu", arm_budget=None), pipe, bare)  # no budget: the warm-up absorbs it, as before
+    assert (pipe.state.step, bare.steps) == (1, 1)
 
 
 def test_the_table_says_which_arm_was_cut_short(tmp_path, capsys):
