@@ -162,19 +162,22 @@ def test_a_fast_arm_and_an_unbudgeted_one_run_every_round_in_full(monkeypatch):
 def test_under_a_budget_each_arm_first_takes_one_step_outside_it():
     # The first step compiles (--compile, torchao's optimizer); round 0 would otherwise charge it to the budget and
     # size every later round from it. The step is taken and its time and windows are thrown away.
-    from ampbench.bench.loop import _BareArm, _data, _PipelineArm, _prime
+    from ampbench.bench.budget import prime
+    from ampbench.bench.loop import _BareArm, _data, _PipelineArm
 
-    cfg = BenchConfig(device="cpu", steps=6, rounds=1, window=2, warmup_steps=2, batch_size=16, image_size=8,
+    cfg = BenchConfig(device="cpu", steps=6, rounds=1, window=1, warmup_steps=0, batch_size=16, image_size=8,
                       width=4, mlflow=False)
-    device = torch.device("cpu")
+    device, logged = torch.device("cpu"), []
     train, val = _data(cfg, 96, device, 0), _data(cfg, 16, device, 1)
-    pipe, bare = _PipelineArm(cfg, "fp32", device, train, val, lambda row, steps: None), _BareArm(cfg, "fp32", device,
-                                                                                                  train)
-    _prime(cfg, pipe, bare)
-    assert (pipe.state.step, pipe.windows, pipe.seconds, pipe.logging_seconds) == (1, [], 0.0, 0.0)
+    pipe = _PipelineArm(cfg, "fp32", device, train, val, lambda row, steps: logged.append(row))
+    bare = _BareArm(cfg, "fp32", device, train)
+    prime(cfg, [pipe, bare])  # windows of one step, no warm-up: a measured step would have kept one
+    assert (pipe.state.step, pipe.windows, pipe.seconds, pipe.logging_seconds, logged) == (1, [], 0.0, 0.0, [])
     assert (bare.steps, bare.windows) == (1, [])
-    _prime(BenchConfig(device="cpu", arm_budget=None), pipe, bare)  # no budget: the warm-up absorbs it, as before
+    prime(BenchConfig(device="cpu", arm_budget=None), [pipe, bare])  # no budget: the warm-up absorbs it, as before
     assert (pipe.state.step, bare.steps) == (1, 1)
+    pipe.round(1), bare.round(1)
+    assert len(pipe.windows) == len(bare.windows) == 1 and pipe.seconds > 0 and len(logged) == 1
 
 
 def test_the_table_says_which_arm_was_cut_short(tmp_path, capsys):

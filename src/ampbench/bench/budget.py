@@ -6,7 +6,7 @@ Torch-free: the loop (``loop.py``) calls ``steps_for`` before each round and ``r
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ampbench.bench.config import BenchConfig
 
@@ -47,3 +47,13 @@ class Budget:
     def record(self) -> dict[str, Any]:
         return {"budget_s": self.seconds, "steps_measured": self.steps_run, "rounds_run": self.rounds_run,
                 "cut_short": self.cut}
+
+
+def prime(cfg: BenchConfig, runners: Iterable[Any]) -> None:
+    """Under a time budget, one unmeasured step per runner (``round(1, measured=False)``) before its budget starts:
+    the first step compiles (``--compile``, torchao's optimizer: ~9 s on a CPU), and round 0's time per step, which
+    sizes the rounds left, would otherwise include it and leave a compiled arm a round or two. Without a budget the
+    warm-up steps absorb it, as before."""
+    if cfg.arm_budget is not None:
+        for runner in runners:
+            runner.round(1, measured=False)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ampbench import tracking
 from ampbench.arms import BASELINE, TF32_REFERENCE
-from ampbench.bench.budget import Budget
+from ampbench.bench.budget import Budget, prime
 from ampbench.bench.config import LOGGING_GOAL, OVERHEAD_GOAL, BenchConfig
 from ampbench.errors import ArmUnavailable
 from ampbench.flops import count_step_flops
@@ -96,11 +96,13 @@ class _PipelineArm:
         self.seconds = self.logging_seconds = 0.0
         self.peak: dict[str, float] = {}
 
-    def round(self, steps: int) -> None:
+    def round(self, steps: int, measured: bool = True) -> None:
         self.policy.apply_backend_flags()
         tcfg = _loop_cfg(self.cfg, self.state.epoch + 1)
 
         def on_epoch(record: EpochRecord, _state) -> None:
+            if not measured:  # budget.prime's step: neither its windows nor its time count
+                return
             self.windows.extend(record.windows)
             self.seconds += record.epoch_seconds
             t0 = time.perf_counter()
@@ -112,12 +114,6 @@ class _PipelineArm:
             on_epoch=on_epoch)
         mem = peak_memory_mb(self.train.x.device)
         self.peak = {k: max(v, self.peak.get(k, 0.0)) for k, v in mem.items()}
-
-    def prime(self) -> None:
-        """One step whose time and windows are thrown away (see ``_prime``)."""
-        self.round(1)
-        self.windows.clear()
-        self.seconds = self.logging_seconds = 0.0
 
 
 class _BareArm:
@@ -139,12 +135,7 @@ class _BareArm:
     def windows(self) -> list[float]:
         return self.timer.windows
 
-    def prime(self) -> None:
-        """One step whose windows are thrown away (see ``_prime``)."""
-        self.round(1)
-        self.timer.windows.clear()
-
-    def round(self, steps: int) -> None:
+    def round(self, steps: int, measured: bool = True) -> None:
         self.policy.apply_backend_flags()
         n, bs = min(len(self.train), steps * self.cfg.batch_size), self.cfg.batch_size
         perm = torch.randperm(len(self.train), generator=self.gen)[:n].to(self.device)
@@ -161,7 +152,7 @@ class _BareArm:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.steps += 1
-            self.timer.tick(len(idx), self.steps)
+            self.timer.tick(len(idx), self.steps if measured else 0)  # step 0 opens no window that is kept
 
 
 def _flop_rate(runner: _PipelineArm, train: Split, device_name: str, samples_per_s: float | None) -> dict[str, Any]:
@@ -179,15 +170,6 @@ def _flop_rate(runner: _PipelineArm, train: Split, device_name: str, samples_per
         if peak:
             out["peak_tflops"], out["peak_share"] = peak, out["achieved_tflops"] / peak
     return out
-
-
-def _prime(cfg: BenchConfig, *runners) -> None:
-    """Under a time budget, one step per runner before it starts: the first step compiles (``--compile``, torchao's
-    optimizer: ~9 s on a CPU), and round 0's time per step, which sizes the rounds left, would otherwise include it
-    and leave a compiled arm a round or two. Without a budget the warm-up steps absorb it, as before."""
-    if cfg.arm_budget is not None:
-        for runner in runners:
-            runner.prime()
 
 
 def _median(xs: list[float]) -> float | None:
@@ -242,7 +224,7 @@ def _loop_overhead(cfg: BenchConfig, device, train: Split, val: Split, log_epoch
         except ArmUnavailable as exc:
             overhead[arm] = {"skipped": str(exc)}
             continue
-        _prime(cfg, bare, pipe)
+        prime(cfg, [bare, pipe])
         budget = Budget(cfg, None if cfg.arm_budget is None else 2 * cfg.arm_budget)  # two loops per round
         for r in range(budget.total_rounds):
             steps = budget.steps_for(r)
@@ -287,7 +269,7 @@ def _arm_ratios(cfg: BenchConfig, device, train: Split, val: Split) -> dict[str,
             runners[arm] = _PipelineArm(cfg, arm, device, train, val, lambda row, steps: None)
         except ArmUnavailable as exc:
             arms[arm] = {"skipped": str(exc)}
-    _prime(cfg, *runners.values())
+    prime(cfg, runners.values())
     budgets = {name: Budget(cfg, cfg.arm_budget) for name in runners}
     for r in range(cfg.rounds + (cfg.arm_budget is not None)):
         for name in runners:  # by name: no loop variable keeps a runner alive after runners.clear()
