@@ -80,7 +80,12 @@ def test_with_no_prediction_differing_only_more_test_examples_are_planned():
     s = paired_accuracy(identical, identical, one_sided_level(0.95))
     assert verdict(s, MARGIN, one_sided=True)[0] == "inconclusive"
     p = plan(Design(Components.from_dict(s.components), 0.0, MARGIN, 0.95, True), "equivalent", 0.0, "observed")
-    assert p.examples == 541 and p.seeds is None and "more seeds add no evidence" in p.why_not_seeds
+    assert p.examples == 541 and p.seeds is None
+    context = {**CONTEXT, "seeds": [0, 1, 2, 3, 4]}
+    [line] = plan_lines("tf32", [p.to_dict()], context)
+    assert line == ("tf32, *equivalent* with 80% power if the true difference is the observed +0.00 pp (power now 0%): "
+                    "541 test examples at these 5 seeds: `.venv/bin/dvc exp run --temp -S prepare.test_fraction=0.31`"
+                    "; or no number of seeds (no prediction differed: seeds add no evidence, only test examples do)")
     more = np.ones((5, 541), dtype=bool)
     assert verdict(paired_accuracy(more, more, one_sided_level(0.95)), MARGIN, one_sided=True)[0] == "equivalent"
 

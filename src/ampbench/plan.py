@@ -159,7 +159,7 @@ def _why_not(d: Design, question: str, delta: float, fixed: int, varied: str) ->
         return (f"the seeds' own variation (sd {math.sqrt(d.components.seed):.2g} per seed) does not shrink with "
                 "test examples")
     if varied == "seeds" and d.discordance == 0:
-        return "no prediction differed, so more seeds add no evidence (the test examples are the evidence)"
+        return "no prediction differed: seeds add no evidence, only test examples do"
     if varied == "seeds":
         return f"not within {MAX_SEEDS} seeds"
     return f"not within {MAX_EXAMPLES:,} test examples"
