@@ -113,9 +113,9 @@ def test_bench_times_a_language_model(tmp_path):
                  "--window", "2", "--warmup-steps", "1", "--batch-size", "8", "--arms", "fp32,bf16", "--no-mlflow",
                  "--device", "cpu", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    # The untimed first step (the budget's), then round 0: 1 + 2 steps, whose one full window now starts past the
-    # warm-up step and is kept; round 1: 4 steps, 2 windows kept.
-    assert r["config"]["model"] == "gpt" and r["loop_overhead"]["fp32"]["windows"] == [3, 3]
+    # The untimed first step (the budget's), then round 0: the warm-up step rounded up to a window, and one window
+    # (4 steps; both windows start past the untimed step and the warm-up, so both are kept); round 1: 4 steps, 2.
+    assert r["config"]["model"] == "gpt" and r["loop_overhead"]["fp32"]["windows"] == [4, 4]
     assert r["arms"]["fp32"]["low_precision_flop_share"] == 0.0 and r["arms"]["bf16"]["low_precision_flop_share"] == 1.0
 
 
@@ -178,6 +178,22 @@ def test_under_a_budget_each_arm_first_takes_one_step_outside_it():
     assert (pipe.state.step, bare.steps) == (1, 1)
     pipe.round(1), bare.round(1)
     assert len(pipe.windows) == len(bare.windows) == 1 and pipe.seconds > 0 and len(logged) == 1
+
+
+def test_round_0_keeps_a_window_even_when_the_window_is_longer_than_the_warm_up(tmp_path, capsys):
+    from ampbench.bench.config import first_round_steps
+
+    assert [first_round_steps(w, n) for w, n in ((10, 10), (2, 2), (1, 2), (2, 5), (0, 5), (11, 10))] == \
+        [20, 4, 4, 10, 5, 30]
+    # Warm-up 2, windows of 5, a budget only round 0 fits: warm-up + one window (7 steps) kept no window at all,
+    # and the speed ratio divided None (a TypeError ended the bench).
+    out = tmp_path / "b.json"
+    args = [*TINY[:-1], "fp32,bf16", "--steps", "10", "--window", "5"]
+    assert main([*args, "--device", "cpu", "--no-mlflow", "--arm-budget", "0.000001", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    for arm in ("fp32", "bf16"):
+        assert r["arms"][arm]["steps_measured"] == 10 and r["arms"][arm]["samples_per_s"] > 0
+    assert "cut short by its 1e-06 s budget: 10 steps in 1 round, not 10 + 2 × 10" in capsys.readouterr().out
 
 
 def test_the_table_says_which_arm_was_cut_short(tmp_path, capsys):

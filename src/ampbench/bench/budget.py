@@ -8,14 +8,14 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable
 
-from ampbench.bench.config import BenchConfig
+from ampbench.bench.config import BenchConfig, first_round_steps
 
 
 class Budget:
     """One arm's wall-time budget in one phase. Without one (None), ``rounds`` full rounds. With one, round 0 runs
-    the warm-up and one window whatever it costs (the least that measures anything; its time per step sizes the
-    rest), then each round the steps the time left allows spread over the rounds left, in whole windows, up to
-    ``steps``; an arm that cannot fit one more window stops and is marked cut short."""
+    the warm-up and one window whatever it costs (``config.first_round_steps``: the least that measures anything;
+    its time per step sizes the rest), then each round the steps the time left allows spread over the rounds left,
+    in whole windows, up to ``steps``; an arm that cannot fit one more window stops and is marked cut short."""
 
     def __init__(self, cfg: BenchConfig, seconds: float | None):
         self.cfg, self.seconds = cfg, seconds
@@ -28,7 +28,7 @@ class Budget:
         if self.seconds is None:
             return c.steps
         if r == 0:
-            return c.warmup_steps + c.window
+            return first_round_steps(c.warmup_steps, c.window)
         per_step, left = self.spent / self.steps_run, self.seconds - self.spent
         n = min(c.steps, int(left / (self.total_rounds - r) / per_step) // c.window * c.window)
         if n < c.window:  # not a window for every round left: one more while the budget holds it

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ampbench.arms import NAMES
-from ampbench.bench.config import BenchConfig
+from ampbench.bench.config import BenchConfig, first_round_steps
 from ampbench.params import MODELS
 
 
@@ -78,10 +78,12 @@ def _cut_short(result: dict[str, Any]) -> list[str]:
     for phase, rows in (("throughput", result["arms"]), ("loop overhead", result["loop_overhead"])):
         for arm, row in rows.items():
             if row.get("cut_short"):
-                n = row["rounds_run"]
+                n, first = row["rounds_run"], first_round_steps(c["warmup_steps"], c["window"])
                 out.append(f"{arm} ({phase}): cut short by its {row['budget_s']:g} s budget: {row['steps_measured']} "
-                           f"steps in {n} round{'s' * (n != 1)}, not {c['warmup_steps'] + c['window']} + "
-                           f"{c['rounds']} × {c['steps']} (--arm-budget none measures every round in full)")
+                           f"steps in {n} round{'s' * (n != 1)}, not {first} + "
+                           f"{c['rounds']} × {c['steps']}" + ("; no timing window past the warm-up, so no speed"
+                                                               if row.get("samples_per_s", 1) is None else "") +
+                           " (--arm-budget none measures every round in full)")
     return out
 
 

@@ -38,3 +38,10 @@ class BenchConfig:
     # twice this): a first round of warm-up + one window, then the rounds the rest fits. None: every round in full.
     # On CPU fp16 autocast can run at 1% of fp32 (AVX512-FP16 machines): without a budget it takes the whole bench.
     arm_budget: float | None = 20.0
+
+
+def first_round_steps(warmup_steps: int, window: int) -> int:
+    """Steps of a budgeted arm's round 0: through the warm-up to a window boundary, then one window. Windows are
+    counted from the round's start and only one that starts past the warm-up is kept, so warm-up + window steps
+    keep none when the window is the longer (warm-up 2, window 5: the one window starts at step 0)."""
+    return -(-warmup_steps // window) * window + window

@@ -289,7 +289,7 @@ def _arm_ratios(cfg: BenchConfig, device, train: Split, val: Split) -> dict[str,
     for row in arms.values():
         for ref in (BASELINE, TF32_REFERENCE):
             base = arms.get(ref, {})
-            if "samples_per_s" in row and base.get("samples_per_s"):
+            if row.get("samples_per_s") and base.get("samples_per_s"):  # None: no window past the warm-up
                 row[f"speedup_vs_{ref}"] = row["samples_per_s"] / base["samples_per_s"]
             if device.type == "cuda" and row.get("peak_memory_mb") and base.get("peak_memory_mb"):
                 row[f"memory_vs_{ref}"] = row["peak_memory_mb"] / base["peak_memory_mb"]
