@@ -69,9 +69,7 @@ def power(d: Design, question: str, delta: float, seeds: int, examples: int) -> 
     value = _power(d, question, delta, seeds, examples)
     if not d.discordance:
         return value
-    _, example_part, _ = d.components.predicted(seeds, examples)
-    p = max(d.discordance, abs(delta))
-    deff = max(1.0, example_part * seeds * examples / max(p - delta * delta, 1e-12))
+    p, deff = _expected_flips(d, delta, seeds, examples, d.components.predicted(seeds, examples)[1])
     none = (1 - p) ** (seeds * examples / deff)  # clusters of deff pairs flip together
     if none < 1e-9:
         return value
@@ -93,12 +91,19 @@ def _example_half_widths(d: Design, delta: float, seeds: int, examples: int,
         h = t * math.sqrt(example_part)
         return h, h
     n = seeds * examples
-    p = max(d.discordance, abs(delta))
-    per_pair = max(p - delta * delta, 1e-12)
-    deff = max(1.0, example_part * n / per_pair) if p > 0 else float(seeds)  # as stats.py: no flip, examples count
+    p, deff = _expected_flips(d, delta, seeds, examples, example_part)
     b, c = n * (p + delta) / 2 / deff, n * (p - delta) / 2 / deff
     low, high = tango_interval(b, c, n / deff, critical=t)
     return delta - low, high - delta
+
+
+def _expected_flips(d: Design, delta: float, seeds: int, examples: int, example_part: float) -> tuple[float, float]:
+    """(the share of discordant pairs, the design effect) expected at that design; with no flip expected the design
+    effect is S, as ``stats.paired_accuracy`` takes it (the examples alone are the evidence)."""
+    p = max(d.discordance, abs(delta))
+    if p == 0:
+        return 0.0, float(seeds)
+    return p, max(1.0, example_part * seeds * examples / max(p - delta * delta, 1e-12))
 
 
 @dataclass(frozen=True)
