@@ -147,10 +147,7 @@ def paired_accuracy(arm_correct, ref_correct, confidence: float = 0.95, finite: 
     if not finite:
         return PairedSummary(s, math.nan, math.nan, None, None, confidence, finite=False, **extra)
     comp = components(d)
-    # With no discordant pair nothing measures whether the seeds flip the same examples: take the largest design
-    # effect S (examples, not seed × example pairs, are the independent evidence), or S seeds of a 270-example
-    # test set would claim S × 270 pairs' worth of agreement (coverage 92% where the same examples flip together).
-    deff = comp.design_effect if b + c else float(s)
+    deff = comp.design_effect  # S with no discordant pair: S seeds of 270 agreeing examples are not 270·S pairs
     critical = critical_value(confidence, max(n_ex - 1, 1))
     low, high = _hull(*tango_interval(b / deff, c / deff, n / deff, confidence, critical), per_seed)
     return PairedSummary(s, (b - c) / n, per_seed.std, low, high, confidence, design_effect=deff,

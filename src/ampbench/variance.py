@@ -49,8 +49,10 @@ class Components:
     @property
     def design_effect(self) -> float:
         """How many times the independent-cells variance the examples' part is (an example that flips in every
-        seed is one piece of evidence, not S); never below 1."""
-        return max(1.0, self.example_variance / self.iid) if self.iid > 0 else 1.0
+        seed is one piece of evidence, not S); never below 1. With no variation at all (no pair differs) nothing
+        measures whether the seeds would vary together, so it is the largest it can be, S: the examples, not the
+        seed × example cells, are the independent evidence."""
+        return max(1.0, self.example_variance / self.iid) if self.iid > 0 else float(self.seeds)
 
     def predicted(self, seeds: int, examples: int) -> tuple[float, float, float]:
         """(variance of the mean, its examples' part, the variance of one seed's mean) with ``seeds`` seeds and
