@@ -14,7 +14,7 @@ verdicts of the full procedure. Torch-free; no files.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ampbench.variance import Components
@@ -64,8 +64,8 @@ def _power(d: Design, question: str, delta: float, seeds: int, examples: int) ->
 def power(d: Design, question: str, delta: float, seeds: int, examples: int) -> float:
     """P(the verdict is *equivalent* (``question`` "equivalent") or *not worse* ("not worse")) with ``seeds``
     seeds and ``examples`` test examples, if the true difference is ``delta``. Where flips are so rare that a run
-    may see none, that run is judged on its test examples alone (``stats.paired_accuracy``): its share is counted
-    apart, decided only if ``examples`` agreeing examples rule out the margin."""
+    may see none, that run is judged on its test examples alone (``variance.Components.design_effect``): its share
+    is counted apart, decided only if ``examples`` agreeing examples rule out the margin."""
     value = _power(d, question, delta, seeds, examples)
     if not d.discordance:
         return value
@@ -73,8 +73,7 @@ def power(d: Design, question: str, delta: float, seeds: int, examples: int) -> 
     none = (1 - p) ** (seeds * examples / deff)  # clusters of deff pairs flip together
     if none < 1e-9:
         return value
-    bound = _example_half_widths(Design(d.components, 0.0, d.margin, d.confidence, d.higher_is_better), 0.0, seeds,
-                                 examples, 0.0)[0]
+    bound = _example_half_widths(replace(d, discordance=0.0), 0.0, seeds, examples, 0.0)[0]
     return (1 - none) * value + none * float(bound <= d.margin)
 
 
@@ -99,7 +98,7 @@ def _example_half_widths(d: Design, delta: float, seeds: int, examples: int,
 
 def _expected_flips(d: Design, delta: float, seeds: int, examples: int, example_part: float) -> tuple[float, float]:
     """(the share of discordant pairs, the design effect) expected at that design; with no flip expected the design
-    effect is S, as ``stats.paired_accuracy`` takes it (the examples alone are the evidence)."""
+    effect is S, as ``variance.Components.design_effect`` takes it (the examples alone are the evidence)."""
     p = max(d.discordance, abs(delta))
     if p == 0:
         return 0.0, float(seeds)
