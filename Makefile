@@ -43,7 +43,7 @@ $(VENV)/.docs-installed: requirements-docs.lock $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-docs.lock
 	touch $@
 
-params: $(VENV)/.installed  ## after changing src/ampbench/params.py: rewrite params.yaml's comments and dvc.yaml's params lists
+params: $(VENV)/.installed  ## after changing src/ampbench/config/params.py: rewrite params.yaml's comments and dvc.yaml's params lists
 	ampbench sync-params
 
 ui: $(VENV)/.installed  ## open the MLflow UI (127.0.0.1) on the pipeline's store

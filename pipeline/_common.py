@@ -18,12 +18,13 @@ import click
 CHECKOUT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(CHECKOUT / "src"), str(CHECKOUT)]
 
-from ampbench import layout, procs  # noqa: E402  (needs the path above)
 from ampbench.cli import one_line  # noqa: E402
+from ampbench.config import layout  # noqa: E402  (needs the path above)
+from ampbench.config.user_code import first_line, user_frame  # noqa: E402
+from ampbench.config.validation import load_params  # noqa: E402
 from ampbench.errors import AmpbenchError  # noqa: E402
+from ampbench.runtime import processes  # noqa: E402  (needs the path above)
 from ampbench.tracking.uris import mask  # noqa: E402
-from ampbench.user_code import first_line, user_frame  # noqa: E402
-from ampbench.validation import load_params  # noqa: E402
 
 
 def project_root() -> Path:
@@ -71,7 +72,7 @@ def relaunch_under_torchrun(nproc: int) -> None:
 
 def deterministic_cublas() -> None:
     """cuBLAS needs a fixed workspace for deterministic matmuls, set in the environment before CUDA starts."""
-    from ampbench.determinism import CUBLAS_WORKSPACE_CONFIG
+    from ampbench.runtime.determinism import CUBLAS_WORKSPACE_CONFIG
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
 
@@ -108,12 +109,12 @@ def stage(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, params_path: Path, debug: bool, **kwargs):
-        # SIGTERM (a scheduler, DVC's watch in procs.py) unwinds like Ctrl-C, once: temporary files are removed,
+        # SIGTERM (a scheduler, DVC's watch in processes.py) unwinds like Ctrl-C, once: temporary files are removed,
         # runs closed as KILLED, completed outputs kept; signals after the first are ignored.
-        procs.handle_signals_once()
-        owner = procs.dvc_ancestor()
+        processes.handle_signals_once()
+        owner = processes.dvc_ancestor()
         if owner is not None:
-            procs.stop_when_gone(owner, say=lambda msg: click.echo(msg, err=True))
+            processes.stop_when_gone(owner, say=lambda msg: click.echo(msg, err=True))
         try:
             return fn(*args, params=load_params(params_path), **kwargs)
         except (AmpbenchError, OSError) as exc:  # OSError: unwritable folder, disk full, …: file and reason

@@ -27,8 +27,8 @@ from _common import CHECKOUT, debug_option, layout, params_option, project_root,
 @stage
 def main(params, out_path: Path) -> None:
     """Validate params.yaml (the stage wrapper already did) and the code paths it names."""
-    from ampbench.fileio import atomic_write_text
-    from ampbench.user_code import CODE_KEYS, require_present
+    from ampbench.config.user_code import CODE_KEYS, require_present
+    from ampbench.runtime.files import atomic_write_text
 
     sections = params.to_dict()
     paths = {key: sections[section][name] for key in CODE_KEYS for section, _, name in [key.partition(".")]}

@@ -37,7 +37,7 @@ from _common import (
 @stage
 def main(params, data_dir: Path, models_dir: Path, reports_dir: Path, speed_path: Path | None) -> None:
     """Compare every precision arm with the fp32 baseline and write the reports."""
-    from ampbench.evaluate_stage import evaluate_arms
+    from ampbench.stages.evaluate import evaluate_arms
 
     deterministic_cublas()  # the comparison must reproduce exactly, whatever train.deterministic says
     evaluate_arms(params, data_dir, models_dir, reports_dir, project_root(), run_tags(), speed_path)

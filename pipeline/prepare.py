@@ -21,8 +21,8 @@ from _common import CHECKOUT, debug_option, folder_option, layout, params_option
 @stage
 def main(params, raw_dir: Path, out_dir: Path) -> None:
     """Prepare the data set named by prepare.dataset."""
-    from ampbench.data import describe, prepare, save_prepared
-    from ampbench.datasets import require_tracked_dataset
+    from ampbench.data.prepare import describe, prepare, save_prepared
+    from ampbench.data.user_data import require_tracked_dataset
 
     require_tracked_dataset(params.prepare, CHECKOUT)
     data = prepare(params.prepare, raw_dir or Path(params.prepare.raw_dir))

@@ -24,7 +24,7 @@ from _common import (
     run_tags,
     stage,
 )
-from ampbench.arms import ABLATIONS, MAIN, OPT_IN
+from ampbench.config.arms import ABLATIONS, MAIN, OPT_IN
 
 
 @click.command()
@@ -44,11 +44,11 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
 
     Interrupted? Run it again: it resumes from the last completed epoch.
     """
-    from ampbench.distributed import launched_by_torchrun
     from ampbench.errors import ParamsError
-    from ampbench.model_factory import ModelSpec, require_tracked
-    from ampbench.tasks import require_tracked as require_tracked_task
-    from ampbench.train_stage import train_arm
+    from ampbench.models.factory import ModelSpec, require_tracked
+    from ampbench.runtime.distributed import launched_by_torchrun
+    from ampbench.stages.train import train_arm
+    from ampbench.tasks.resolve import require_tracked as require_tracked_task
 
     if precision not in params.train.precisions:
         raise ParamsError(f"--precision {precision!r} is not in train.precisions {params.train.precisions}")

@@ -30,12 +30,12 @@ def main(raw: Path, rounds: int, steps: int, batch_size: int, workers: int) -> N
     """Measure and print the table."""
     import torch
 
-    from ampbench.data import prepare
-    from ampbench.loader import InputPipeline
-    from ampbench.models import build_builtin
-    from ampbench.params import PrepareParams, TrainParams
-    from ampbench.precision import resolve_policy
-    from ampbench.step import train_step
+    from ampbench.config.params import PrepareParams, TrainParams
+    from ampbench.data.loader import InputPipeline
+    from ampbench.data.prepare import prepare
+    from ampbench.models.builtins import build_builtin
+    from ampbench.precision.policy import resolve_policy
+    from ampbench.training.step import train_step
 
     start = time.perf_counter()
     data = prepare(PrepareParams(dataset="fashion_mnist", raw_dir=str(raw)), raw)

@@ -14,9 +14,9 @@ import statistics
 
 import torch
 
-from ampbench import watch
 from ampbench.bench import loop as benchloop
 from ampbench.bench.config import BenchConfig
+from ampbench.training import watchers
 
 
 def main() -> None:
@@ -32,16 +32,16 @@ def main() -> None:
     with_probe = benchloop._PipelineArm(cfg, args.arm, device, train, val, lambda row, steps: None)
     without = benchloop._PipelineArm(cfg, args.arm, device, train, val, lambda row, steps: None)
     bare = benchloop._BareArm(cfg, args.arm, device, train)
-    probe = watch.ActivationProbe
+    probe = watchers.ActivationProbe
     try:
         for _ in range(args.rounds):
-            watch.ActivationProbe = probe
+            watchers.ActivationProbe = probe
             with_probe.round()
-            watch.ActivationProbe = lambda *a: None  # fit() then runs without activation sampling
+            watchers.ActivationProbe = lambda *a: None  # fit() then runs without activation sampling
             without.round()
             bare.round()
     finally:
-        watch.ActivationProbe = probe
+        watchers.ActivationProbe = probe
     w, wo, b = (statistics.median(r.windows) for r in (with_probe, without, bare))
     print(f"{args.arm}: with probes {w:,.0f}/s, without {wo:,.0f}/s, bare loop {b:,.0f}/s; "
           f"probe cost {wo / w:.3f}×, pipeline with probes vs bare {b / w:.3f}× (goal ≤ 1.03)")

@@ -67,11 +67,11 @@ def _separate(timers: dict, arm: str, rounds: int, steps: int, load_second: bool
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "src"))
-    from ampbench import interleaved
-    from ampbench.data import load_prepared
-    from ampbench.precision import resolve_device
-    from ampbench.tasks import resolve_task
-    from ampbench.validation import load_params
+    from ampbench.config.validation import load_params
+    from ampbench.data.prepare import load_prepared
+    from ampbench.precision.policy import resolve_device
+    from ampbench.speed import harness
+    from ampbench.tasks.resolve import resolve_task
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml", help="params file (speed and train)")
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     loaded = load_params(args.params)
     raw = {**loaded.to_dict(), "train": {**loaded.train.to_dict(), "precisions": ["fp32", args.arm]}}
-    from ampbench.validation import validate
+    from ampbench.config.validation import validate
 
     params = validate(raw)
     device = resolve_device(params.train.device)
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"date": time.strftime("%F"), "arm": args.arm, "speed": sp.to_dict(), "device": str(device)}
 
     t0 = time.monotonic()
-    out["interleaved_quiet"] = interleaved.measure(params, train, val, task, device, contract)["arms"][args.arm][
+    out["interleaved_quiet"] = harness.measure(params, train, val, task, device, contract)["arms"][args.arm][
         "speedup_vs_fp32"]
     seconds = time.monotonic() - t0
     hog = Hog()
@@ -104,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
             threading.Timer(seconds / 3, hog.stop).start()
 
     try:
-        loaded_run = interleaved.measure(params, train, val, task, device, contract, between_rounds=load_part)
+        loaded_run = harness.measure(params, train, val, task, device, contract, between_rounds=load_part)
     finally:
         hog.stop()
     out["interleaved_loaded"] = loaded_run["arms"][args.arm]["speedup_vs_fp32"]
-    timers = {a: interleaved.ArmTimer(a, params, train, val, task, device, contract) for a in ("fp32", args.arm)}
+    timers = {a: harness.ArmTimer(a, params, train, val, task, device, contract) for a in ("fp32", args.arm)}
     for t in timers.values():
         t.round(sp.warmup_steps + 2 * sp.window)
     out["separate_quiet"] = _separate(timers, args.arm, sp.rounds, sp.steps, load_second=False)

@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ampbench.stats import paired_accuracy, paired_mean  # noqa: E402
-from ampbench.verdicts import not_worse, one_sided_level, verdict  # noqa: E402
+from ampbench.verdict.decisions import not_worse, one_sided_level, verdict  # noqa: E402
+from ampbench.verdict.stats import paired_accuracy, paired_mean  # noqa: E402
 
 SCENARIOS = ("independent", "same examples", "seed effect")
 MARGIN_ACCURACY = 0.005  # the default margins: 0.5 pp and 0.02 nats

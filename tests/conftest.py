@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from ampbench.params import Params
+from ampbench.config.params import Params
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pipeline"))  # stage scripts import `_common` as a sibling module

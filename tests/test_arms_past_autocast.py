@@ -6,14 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from ampbench import arms, float8, optimizers, precision
+from ampbench.config import arms
+from ampbench.config.params import TrainParams
+from ampbench.config.validation import validate
 from ampbench.errors import ArmUnavailable, ParamsError
-from ampbench.flops import count_step_flops
-from ampbench.models import mlp, small_cnn
-from ampbench.params import TrainParams
-from ampbench.precision import resolve_policy
-from ampbench.train_checks import check_float8
-from ampbench.validation import validate
+from ampbench.models.builtins import mlp, small_cnn
+from ampbench.precision import float8, optimizers
+from ampbench.precision.policy import plain_model, resolve_policy
+from ampbench.stages.preflight import check_float8
+from ampbench.training.flops import count_step_flops
 
 CPU = torch.device("cpu")
 NEW = ("bf16_sr", "bf16_kahan", "fp8_tensorwise", "fp8_rowwise")
@@ -109,7 +110,7 @@ def test_prepare_model_converts_a_copy_and_the_record_reads_it_back():
     rec = float8.record(model, "rowwise")
     assert (rec["converted"], rec["linear_layers"]) == (2, 3)
     assert [r["module"] for r in rec["modules"] if not r["converted"]] == ["5"]
-    back = precision.plain_model(model)
+    back = plain_model(model)
     assert all(type(m) is nn.Linear for m in back.modules() if isinstance(m, nn.Linear))
     assert torch.equal(back.state_dict()["1.weight"], plain.state_dict()["1.weight"])
 
@@ -128,14 +129,14 @@ def test_float8_matmuls_run_on_this_cpu_and_are_counted_in_float8():
 def test_gpus_below_the_recipes_capability_refuse_with_the_reason(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     gpu = torch.device("cuda", 0)
-    monkeypatch.setattr(precision, "_cuda_capability", lambda device: (8, 6))
+    monkeypatch.setattr("ampbench.precision.policy._cuda_capability", lambda device: (8, 6))
     with pytest.raises(ArmUnavailable, match=r"tensorwise needs compute capability ≥ 8.9 .*this GPU is 8.6"):
         resolve_policy("fp8_tensorwise", gpu)
-    monkeypatch.setattr(precision, "_cuda_capability", lambda device: (8, 9))
+    monkeypatch.setattr("ampbench.precision.policy._cuda_capability", lambda device: (8, 9))
     assert resolve_policy("fp8_tensorwise", gpu).float8_recipe == "tensorwise"
     with pytest.raises(ArmUnavailable, match=r"rowwise needs compute capability ≥ 9.0"):
         resolve_policy("fp8_rowwise", gpu)
-    monkeypatch.setattr(precision, "_cuda_capability", lambda device: (9, 0))
+    monkeypatch.setattr("ampbench.precision.policy._cuda_capability", lambda device: (9, 0))
     assert resolve_policy("fp8_rowwise", gpu).float8_recipe == "rowwise"
 
 
@@ -178,15 +179,15 @@ def test_fp8_refusals_before_any_arm_trains():
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    from ampbench.data import prepare
-    from ampbench.params import PrepareParams
+    from ampbench.config.params import PrepareParams
+    from ampbench.data.prepare import prepare
 
     return prepare(PrepareParams(dataset="digits", max_train=480), tmp_path_factory.mktemp("raw"))
 
 
 def _fit(arm: str, data) -> float:
-    from ampbench.determinism import seed_everything
-    from ampbench.training import LoopConfig, fit, init_state
+    from ampbench.runtime.determinism import seed_everything
+    from ampbench.training.loop import LoopConfig, fit, init_state
 
     seed_everything(0)
     policy = resolve_policy(arm, CPU)

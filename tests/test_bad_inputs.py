@@ -94,8 +94,8 @@ PARAM_CASES = [
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    from ampbench.data import prepare, save_prepared
-    from ampbench.validation import validate
+    from ampbench.config.validation import validate
+    from ampbench.data.prepare import prepare, save_prepared
 
     out = tmp_path_factory.mktemp("data") / "prepared"
     save_prepared(prepare(validate(TINY).prepare, out.parent / "raw"), out)
@@ -222,7 +222,7 @@ MODEL_CASES = [
      True, "on input (1, 8, 8): returns torch.float32 of shape (2, 3) in training mode; expected logits of shape "
            "(2, 10)"),
     ("factory-untracked", "{m}:build", "def build(shape, classes):\n    return None\n", False,
-     "train.model_code: src/ampbench/models.py does not hold {m}.py"),
+     "train.model_code: src/ampbench/models/builtins.py does not hold {m}.py"),
 ]
 
 
@@ -255,13 +255,12 @@ def test_disk_full_while_checkpointing(tmp_path, prepared, mlflow_store, monkeyp
 
     import mlflow
 
-    from ampbench import fileio
 
     def full(obj, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(fileio, "atomic_torch_save", full)
-    monkeypatch.setattr("ampbench.checkpoint.atomic_torch_save", full)
+    monkeypatch.setattr("ampbench.runtime.files.atomic_torch_save", full)
+    monkeypatch.setattr("ampbench.training.checkpoint.atomic_torch_save", full)
     path = write_params(tiny_params)
     result = _invoke("train", _args("train", path, tmp_path, prepared))
     # Training had started, so progress lines precede it; the error itself is one line, the last.
@@ -324,11 +323,11 @@ def test_a_run_with_no_optimizer_step_fails(tmp_path, prepared, mlflow_store, mo
     the seed fails (run FAILED, exit 2) instead of evaluating an untrained model."""
     import mlflow
 
-    import ampbench.loader
-    import ampbench.train_stage
+    import ampbench.data.loader
+    import ampbench.stages.train
 
-    monkeypatch.setattr(ampbench.train_stage, "check_steps", lambda *args: None)
-    monkeypatch.setattr(ampbench.loader, "index_batches", lambda *args: [])
+    monkeypatch.setattr(ampbench.stages.train, "check_steps", lambda *args: None)
+    monkeypatch.setattr(ampbench.data.loader, "index_batches", lambda *args: [])
     result = _invoke("train", _args("train", write_params(tiny_params), tmp_path, prepared))
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().splitlines()[-1] == "error: fp32-seed0: training ran no optimizer step; its " \
@@ -340,7 +339,7 @@ def test_a_run_with_no_optimizer_step_fails(tmp_path, prepared, mlflow_store, mo
 
 
 def test_batches_per_epoch_counts_what_the_loader_yields():
-    from ampbench.loader import batches_per_epoch, index_batches
+    from ampbench.data.loader import batches_per_epoch, index_batches
 
     generator = torch.Generator()
     for n in range(12):

@@ -123,7 +123,7 @@ def _budgeted_rounds(monkeypatch, seconds_per_step: float, budget: float | None)
     """The steps of each round ``Budget`` lets an arm run at a fixed cost per step (a fake clock)."""
     from types import SimpleNamespace
 
-    from ampbench.bench import budget as benchbudget
+    from ampbench.speed import budget as benchbudget
 
     clock = [0.0]
     monkeypatch.setattr(benchbudget, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
@@ -162,8 +162,8 @@ def test_a_fast_arm_and_an_unbudgeted_one_run_every_round_in_full(monkeypatch):
 def test_under_a_budget_each_arm_first_takes_one_step_outside_it():
     # The first step compiles (--compile, torchao's optimizer); round 0 would otherwise charge it to the budget and
     # size every later round from it. The step is taken and its time and windows are thrown away.
-    from ampbench.bench.budget import prime
     from ampbench.bench.loop import _BareArm, _data, _PipelineArm
+    from ampbench.speed.budget import prime
 
     cfg = BenchConfig(device="cpu", steps=6, rounds=1, window=1, warmup_steps=0, batch_size=16, image_size=8,
                       width=4, mlflow=False)

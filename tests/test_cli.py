@@ -10,7 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ampbench.data import load_prepared
+from ampbench.data.prepare import load_prepared
 from conftest import ROOT, torch_flags_restored
 
 
@@ -264,7 +264,7 @@ def test_one_seed_is_said_not_hidden(stages):
 def test_the_parent_run_holds_the_comparison(stages):
     import mlflow
 
-    from ampbench.fileio import dvc_md5
+    from ampbench.runtime.files import dvc_md5
 
     mlflow.set_tracking_uri(stages["uri"])
     runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
@@ -286,7 +286,7 @@ def test_the_parent_run_holds_the_comparison(stages):
 def test_each_arm_run_holds_its_own_numbers(stages):
     import mlflow
 
-    from ampbench.fileio import dvc_md5
+    from ampbench.runtime.files import dvc_md5
 
     mlflow.set_tracking_uri(stages["uri"])
     runs = mlflow.search_runs(experiment_names=["ampbench-tests"], output_format="list")
@@ -346,8 +346,8 @@ def test_sync_params_check_and_rewrite(tmp_path):
     from ampbench.cli import main
 
     (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
-    from ampbench.params import Params
-    from ampbench.params_sync import render
+    from ampbench.config.params import Params
+    from ampbench.config.sync import render
 
     (tmp_path / "params.yaml").write_text(render(Params()))  # not the workspace's: an experiment may have changed it
     runner = CliRunner()

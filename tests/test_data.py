@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from ampbench.data import load_prepared, prepare, save_prepared
+from ampbench.config.params import PrepareParams, SyntheticParams
+from ampbench.data.prepare import load_prepared, prepare, save_prepared
 from ampbench.errors import DataError
-from ampbench.params import PrepareParams, SyntheticParams
 
 
 def test_digits_split_is_deterministic_and_disjoint(tmp_path):

@@ -92,7 +92,7 @@ def test_mlflow_store_at_project_root_with_loadable_models(repo):
             assert run.inputs.dataset_inputs[0].dataset.digest == data_md5  # the Dataset column shows it too
     summary = json.loads((repo / "models" / "bf16" / "summary.json").read_text())
     model = mlflow.pytorch.load_model(summary["seeds"]["0"]["model_uri"])
-    from ampbench.data import load_prepared
+    from ampbench.data.prepare import load_prepared
 
     test = load_prepared(repo / "data" / "prepared").test  # stored uint8; the model takes normalised floats
     assert model(test.inputs(test.x[:5])).shape == (5, 10)
@@ -194,7 +194,7 @@ def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
     assert max(len(line) for line in shown.splitlines()) <= 160, shown
     shown = _dvc("exp", "show", "--json", repo=repo, env=env)
     assert '"verdict": "baseline"' in shown and '"speedup_vs_fp32"' in shown and '"agreement_vs_fp32"' not in shown
-    from ampbench.experiments import compare_revisions, markdown
+    from ampbench.report.experiments import compare_revisions, markdown
 
     result = compare_revisions(["two-epochs", temp], repo=str(repo))
     assert set(result["changed_params"]) == {"train.epochs", "train.precisions", "train.seeds"}
@@ -366,7 +366,7 @@ def test_real_fashion_mnist_from_debians_files(tmp_path, tiny_params, write_para
     read straight from the package's .gz files."""
     from click.testing import CliRunner
 
-    from ampbench.data import load_prepared
+    from ampbench.data.prepare import load_prepared
     from test_cli import _stage, _train
 
     params = tiny_params

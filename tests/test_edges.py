@@ -19,7 +19,7 @@ def _modes(root: Path) -> dict[str, int]:
 
 
 def test_atomic_writes_honour_the_umask(tmp_path):
-    from ampbench.fileio import atomic_write_json, atomic_write_text
+    from ampbench.runtime.files import atomic_write_json, atomic_write_text
 
     old = os.umask(0o022)
     try:

@@ -342,7 +342,7 @@ def test_disk_full_while_creating_the_store(tmp_path, setup, small_fs):
 _EVALUATE_DRIVER = """
 import os, runpy, signal, sys
 sys.path[:0] = [{src!r}, {pipeline!r}]
-from ampbench import evaluate_stage
+from ampbench.stages import evaluate as evaluate_stage
 real = evaluate_stage.atomic_write_text
 def write_text(path, text):  # report.md, after comparison.json, speed.json, details.json, curves.json
     os.kill(os.getpid(), signal.SIGTERM)

@@ -14,16 +14,16 @@ from click.testing import CliRunner
 from examples.overflow_model import Gain, build
 from torch import nn
 
-from ampbench.activations import ActivationProbe, headroom_log2, merge_tables
-from ampbench.advice import no_effect
-from ampbench.comparison import ArmReport
-from ampbench.flops import count_step_flops
-from ampbench.monitor import Diverged
-from ampbench.nonfinite import replay_first_nonfinite
-from ampbench.params import TrainParams
-from ampbench.precision import float32_matches, resolve_policy
-from ampbench.splits import Split
-from ampbench.training import LoopConfig, fit, init_state
+from ampbench.config.params import TrainParams
+from ampbench.data.splits import Split
+from ampbench.precision.policy import float32_matches, resolve_policy
+from ampbench.report.advice import no_effect
+from ampbench.training.activations import ActivationProbe, headroom_log2, merge_tables
+from ampbench.training.flops import count_step_flops
+from ampbench.training.instruments import Diverged
+from ampbench.training.loop import LoopConfig, fit, init_state
+from ampbench.training.nonfinite import replay_first_nonfinite
+from ampbench.verdict.comparison import ArmReport
 
 CPU = torch.device("cpu")
 
@@ -320,7 +320,7 @@ def test_a_pattern_that_matches_nothing_stops_the_train_stage(easy, tmp_path, wr
 def test_islands_survive_copying_and_come_off_for_export():
     import copy
 
-    from ampbench.precision import without_float32
+    from ampbench.precision.policy import without_float32
 
     policy = resolve_policy("fp16", CPU, ["gain"])
     model = policy.prepare_model(build((1, 4, 4), 2))

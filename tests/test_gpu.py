@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampbench.determinism import seed_everything
-from ampbench.metrics import arm_seed_metrics
-from ampbench.models import build_builtin
-from ampbench.params import TrainParams
-from ampbench.precision import resolve_policy
-from ampbench.splits import Norm, Split
-from ampbench.task import predict
-from ampbench.training import LoopConfig, fit, init_state
+from ampbench.config.params import TrainParams
+from ampbench.data.splits import Norm, Split
+from ampbench.models.builtins import build_builtin
+from ampbench.precision.policy import resolve_policy
+from ampbench.runtime.determinism import seed_everything
+from ampbench.tasks.contract import predict
+from ampbench.training.loop import LoopConfig, fit, init_state
+from ampbench.verdict.metrics import arm_seed_metrics
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -114,7 +114,7 @@ def test_channels_last_and_compiled_arms_train(data, options):
                                         ("bf16", "bfloat16")])
 def test_flops_are_counted_in_the_dtype_the_gpu_computed_in(arm, dtype):
     """Proof of what ran on CUDA: every matmul/conv FLOP of small_cnn in the arm's dtype, TF32 only in tf32."""
-    from ampbench.flops import count_step_flops
+    from ampbench.training.flops import count_step_flops
 
     policy = resolve_policy(arm, CUDA)
     policy.apply_backend_flags()

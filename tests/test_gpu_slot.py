@@ -98,7 +98,7 @@ def test_the_torch_api_check_resolves_names_and_reports_absent_ones(tmp_path, ca
 
 @pytest.mark.parametrize("profile,device", sorted(gpu_profile.PROFILES))
 def test_every_gpu_profile_is_a_valid_params_file_in_a_lean_copy(tmp_path, profile, device):
-    from ampbench.validation import load_params
+    from ampbench.config.validation import load_params
 
     dest = tmp_path / "copy"
     assert gpu_profile.main(profile, device, str(ROOT), str(dest)) == 0
@@ -107,7 +107,7 @@ def test_every_gpu_profile_is_a_valid_params_file_in_a_lean_copy(tmp_path, profi
     if device == "cuda":  # the GPU slot measures every main arm
         assert p.train.precisions == ["fp32", "tf32", "fp16", "bf16"] and len(p.train.seeds) >= 2
     assert not any((dest / n).exists() for n in (".git", ".venv", ".whl", "mlflow.db", "models", ".dvc/cache"))
-    assert (dest / "dvc.yaml").is_file() and (dest / "src" / "ampbench" / "training.py").is_file()
+    assert (dest / "dvc.yaml").is_file() and (dest / "src" / "ampbench" / "training" / "loop.py").is_file()
 
 
 @pytest.mark.slow

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from ampbench.interleaved import ArmTimer, interleave
-from ampbench.speed_rounds import median_interval, summarise
-from ampbench.splits import Split
-from ampbench.task import CLASSIFICATION
-from ampbench.validation import validate
+from ampbench.config.validation import validate
+from ampbench.data.splits import Split
+from ampbench.speed.harness import ArmTimer, interleave
+from ampbench.speed.ratios import median_interval, summarise
+from ampbench.tasks.contract import CLASSIFICATION
 from conftest import ROOT
 
 

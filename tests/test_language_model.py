@@ -14,11 +14,11 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+from ampbench.data.text import read_tokens, sequences, split_by_position
 from ampbench.errors import DataError
-from ampbench.gpt import build as build_gpt
-from ampbench.language_model import LanguageModel
-from ampbench.precision import resolve_policy
-from ampbench.text import read_tokens, sequences, split_by_position
+from ampbench.models.gpt import build as build_gpt
+from ampbench.precision.policy import resolve_policy
+from ampbench.tasks.language_model import LanguageModel
 from conftest import TINY, torch_flags_restored
 from test_cli import _stage
 
@@ -285,7 +285,7 @@ def test_a_task_of_your_own_changes_what_training_optimises(tmp_path, monkeypatc
 
 def test_a_task_missing_part_of_the_contract_is_one_line(tmp_path, monkeypatch):
     from ampbench.errors import ParamsError
-    from ampbench.tasks import resolve_task
+    from ampbench.tasks.resolve import resolve_task
 
     (tmp_path / "half_task.py").write_text("class Half:\n    def loss(self, logits, y):\n        return 0\n"
                                            "def task():\n    return Half()\n")

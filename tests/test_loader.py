@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampbench import loader
-from ampbench.loader import InputPipeline, index_batches, keep_on_device
-from ampbench.splits import Norm, Split
+from ampbench.data import loader
+from ampbench.data.loader import InputPipeline, index_batches, keep_on_device
+from ampbench.data.splits import Norm, Split
 
 CPU = torch.device("cpu")
 
@@ -83,10 +83,10 @@ def test_streaming_measures_the_wait_for_batches():
 
 def test_training_is_identical_on_both_paths():
     """Same seed, same batches: the device path and streaming train bitwise-identical weights on CPU."""
-    from ampbench.models import build_builtin
-    from ampbench.params import TrainParams
-    from ampbench.precision import resolve_policy
-    from ampbench.training import LoopConfig, fit, init_state
+    from ampbench.config.params import TrainParams
+    from ampbench.models.builtins import build_builtin
+    from ampbench.precision.policy import resolve_policy
+    from ampbench.training.loop import LoopConfig, fit, init_state
 
     train, val = uint8_split(160), uint8_split(40, seed=1)
     weights = []

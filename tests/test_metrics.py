@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from ampbench.metrics import arm_seed_metrics, compare_to_reference, summarise_seeds
+from ampbench.verdict.metrics import arm_seed_metrics, compare_to_reference, summarise_seeds
 
 
 def test_identical_predictions():

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ampbench.models import DEFAULT_WIDTH
-from ampbench.models import build_builtin as build_model
+from ampbench.models.builtins import DEFAULT_WIDTH
+from ampbench.models.builtins import build_builtin as build_model
 
 
 def _params(model: torch.nn.Module) -> int:
@@ -44,11 +44,11 @@ def test_resnet18_at_width_64_has_the_standard_resnet18_body():
 
 def test_vit_tiny_learns_the_digits():
     """The built-in transformer trains on the default data on CPU in seconds (chance is 10%)."""
-    from ampbench.data import prepare
-    from ampbench.determinism import seed_everything
-    from ampbench.params import PrepareParams, TrainParams
-    from ampbench.precision import resolve_policy
-    from ampbench.training import LoopConfig, fit, init_state
+    from ampbench.config.params import PrepareParams, TrainParams
+    from ampbench.data.prepare import prepare
+    from ampbench.precision.policy import resolve_policy
+    from ampbench.runtime.determinism import seed_everything
+    from ampbench.training.loop import LoopConfig, fit, init_state
 
     digits = prepare(PrepareParams(dataset="digits", max_train=480), None)
     seed_everything(0)

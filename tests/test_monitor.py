@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ampbench.monitor import Diverged, ScalerHealth, WindowTimer
-from ampbench.params import DivergenceParams
+from ampbench.config.params import DivergenceParams
+from ampbench.training.instruments import Diverged, ScalerHealth, WindowTimer
 
 CPU = torch.device("cpu")
 
@@ -69,7 +69,7 @@ def test_without_a_scaler_a_non_finite_loss_is_divergence():
 def test_epoch_line_says_where_how_well_how_fast_and_how_long():
     from types import SimpleNamespace
 
-    from ampbench.monitor import epoch_line
+    from ampbench.training.instruments import epoch_line
 
     record = SimpleNamespace(epoch=3, train_loss=0.41234, val_accuracy=0.9631, samples_per_s=12345.6,
                              epoch_seconds=20.0)

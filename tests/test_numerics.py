@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from ampbench.monitor import Diverged
-from ampbench.params import DivergenceParams, GradScalerParams, TrainParams
-from ampbench.precision import resolve_policy
-from ampbench.splits import Split
-from ampbench.task import predict
-from ampbench.training import LoopConfig, fit, init_state
+from ampbench.config.params import DivergenceParams, GradScalerParams, TrainParams
+from ampbench.data.splits import Split
+from ampbench.precision.policy import resolve_policy
+from ampbench.tasks.contract import predict
+from ampbench.training.instruments import Diverged
+from ampbench.training.loop import LoopConfig, fit, init_state
 
 CPU = torch.device("cpu")
 
@@ -70,21 +70,21 @@ def _neighbours(x: float) -> list[float]:
 
 def test_fp16_limits_are_where_half_rounds():
     """The probe's thresholds against torch's own float32 → float16 rounding, at the float32 neighbours of each."""
-    from ampbench import telemetry
+    from ampbench.training import gradients
 
-    values = [v for limit in (telemetry.FP16_ZERO_AT_OR_BELOW, 2.0**-24, telemetry.FP16_SUBNORMAL_BELOW, 2.0**-14,
-                              65504.0, telemetry.FP16_INF_AT_OR_ABOVE) for v in _neighbours(limit)]
+    values = [v for limit in (gradients.FP16_ZERO_AT_OR_BELOW, 2.0**-24, gradients.FP16_SUBNORMAL_BELOW, 2.0**-14,
+                              65504.0, gradients.FP16_INF_AT_OR_ABOVE) for v in _neighbours(limit)]
     for v in values:
         h = torch.tensor(v, dtype=torch.float32).half()
-        assert (h == 0).item() == (v <= telemetry.FP16_ZERO_AT_OR_BELOW), v
-        assert torch.isinf(h).item() == (v >= telemetry.FP16_INF_AT_OR_ABOVE), v
-        assert (0 < h.item() < 2.0**-14) == (telemetry.FP16_ZERO_AT_OR_BELOW < v < telemetry.FP16_SUBNORMAL_BELOW), v
+        assert (h == 0).item() == (v <= gradients.FP16_ZERO_AT_OR_BELOW), v
+        assert torch.isinf(h).item() == (v >= gradients.FP16_INF_AT_OR_ABOVE), v
+        assert (0 < h.item() < 2.0**-14) == (gradients.FP16_ZERO_AT_OR_BELOW < v < gradients.FP16_SUBNORMAL_BELOW), v
     # The probe counts exactly these: gradients placed on every neighbour, counted as fp16 would treat them.
     p = torch.nn.Parameter(torch.zeros(len(values)))
     p.grad = torch.tensor(values)
     model = torch.nn.Module()
     model.p = p
-    probe = telemetry.GradProbe(model, CPU)
+    probe = gradients.GradProbe(model, CPU)
     probe.sample(model, "true")
     _, layers = probe.epoch_summary()
     half = p.grad.half()

@@ -13,7 +13,8 @@ import pytest
 from scipy import optimize
 from scipy import stats as st
 
-from ampbench.stats import (
+from ampbench.verdict.decisions import against_noise, differs_from_zero, not_worse, one_sided_level, verdict
+from ampbench.verdict.stats import (
     SeedNoise,
     paired_accuracy,
     paired_ci,
@@ -22,8 +23,7 @@ from ampbench.stats import (
     tango_interval,
     tango_statistic,
 )
-from ampbench.variance import components
-from ampbench.verdicts import against_noise, differs_from_zero, not_worse, one_sided_level, verdict
+from ampbench.verdict.variance import components
 
 Z95 = st.norm.ppf(0.975)
 T269 = st.t.ppf(0.975, 269)  # the examples' degrees of freedom of 270 test examples
@@ -260,7 +260,7 @@ def test_the_difference_is_judged_against_seed_noise():
 
 def test_not_worse_reads_the_one_sided_bound_on_the_bad_side():
     """Accuracy: the lower bound decides (≥ −margin, the end included); loss: the upper bound (≤ +margin)."""
-    from ampbench.stats import PairedSummary
+    from ampbench.verdict.stats import PairedSummary
 
     def s(lo, hi, n=3):
         return PairedSummary(n, (lo + hi) / 2, 0.01, lo, hi, confidence=one_sided_level(0.95))

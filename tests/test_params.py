@@ -6,11 +6,11 @@ import dataclasses
 import pytest
 import yaml
 
-from ampbench import arms
+from ampbench.config import arms
+from ampbench.config.params import Params
+from ampbench.config.sync import render, render_dvc_yaml, schema, stage_params
+from ampbench.config.validation import load_params, validate
 from ampbench.errors import ParamsError
-from ampbench.params import Params
-from ampbench.params_sync import render, render_dvc_yaml, schema, stage_params
-from ampbench.validation import load_params, validate
 from conftest import ROOT
 
 
@@ -119,7 +119,7 @@ def test_params_are_frozen():
 
 
 def test_sync_keeps_values_and_adds_comments(tmp_path):
-    from ampbench.params_sync import sync
+    from ampbench.config.sync import sync
 
     (tmp_path / "params.yaml").write_text("train:\n  epochs: 3\n  lr: 1e-3\n")
     (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())

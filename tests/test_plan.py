@@ -6,11 +6,11 @@ import sys
 import numpy as np
 import pytest
 
-from ampbench.advice import examples_setting, plan_lines
-from ampbench.plan import Design, plan, plans, power
-from ampbench.stats import paired_accuracy
-from ampbench.variance import Components
-from ampbench.verdicts import not_worse, one_sided_level, verdict
+from ampbench.report.advice import examples_setting, plan_lines
+from ampbench.verdict.decisions import not_worse, one_sided_level, verdict
+from ampbench.verdict.plan import Design, plan, plans, power
+from ampbench.verdict.stats import paired_accuracy
+from ampbench.verdict.variance import Components
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -3,9 +3,15 @@
 import pytest
 import torch
 
-from ampbench import arms, precision
+from ampbench.config import arms
 from ampbench.errors import ArmUnavailable, DeviceError
-from ampbench.precision import resolve_device, resolve_policy
+from ampbench.precision.policy import (
+    cudnn_legacy_flags_readable,
+    describe_line,
+    policy_for,
+    resolve_device,
+    resolve_policy,
+)
 
 CPU = torch.device("cpu")
 
@@ -41,7 +47,7 @@ def test_unknown_arm():
 
 @pytest.mark.parametrize("arm, mode", [("fp32", "ieee"), ("tf32", "tf32"), ("fp16", "ieee"), ("bf16", "ieee")])
 def test_backend_flags_set_explicitly_for_every_arm(arm, mode):
-    p = precision.policy_for(arms.get(arm), "cuda")  # flags can be set without a GPU
+    p = policy_for(arms.get(arm), "cuda")  # flags can be set without a GPU
     # Start from the opposite state so the test fails if apply_backend_flags leaves anything alone.
     other = "tf32" if mode == "ieee" else "ieee"
     torch.backends.cuda.matmul.fp32_precision = other
@@ -74,13 +80,13 @@ def test_a_medium_matmul_precision_set_elsewhere_does_not_leak_into_fp32():
 
 def test_legacy_reader_context_restores_flags():
     resolve_policy("fp32", CPU).apply_backend_flags()
-    with precision.cudnn_legacy_flags_readable():
+    with cudnn_legacy_flags_readable():
         assert torch._C._get_cudnn_allow_tf32() in (True, False)
     assert torch.backends.cudnn.conv.fp32_precision == "ieee"
 
 
 def test_old_gpus_refuse_tf32_and_bf16(monkeypatch):
-    monkeypatch.setattr(precision, "_cuda_capability", lambda device: (7, 0))
+    monkeypatch.setattr("ampbench.precision.policy._cuda_capability", lambda device: (7, 0))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     gpu = torch.device("cuda", 0)
     with pytest.raises(ArmUnavailable, match="7.0"):
@@ -115,13 +121,13 @@ def test_gpu_arms_resolve_on_cuda():
 def test_the_train_log_says_what_runs_in_one_readable_line(arm, line):
     policy = resolve_policy(arm, CPU)
     policy.apply_backend_flags()
-    assert precision.describe_line(policy.describe()) == line
+    assert describe_line(policy.describe()) == line
 
 
 def test_the_readable_line_names_tf32_and_float32_modules():
-    policy = precision.policy_for(arms.get("tf32"), "cuda")  # flags can be set without a GPU
+    policy = policy_for(arms.get("tf32"), "cuda")  # flags can be set without a GPU
     policy.apply_backend_flags()
-    assert precision.describe_line(policy.describe()).startswith("no autocast, GradScaler off, TF32 on,")
+    assert describe_line(policy.describe()).startswith("no autocast, GradScaler off, TF32 on,")
     fp16 = resolve_policy("fp16", CPU, ["head"])
     fp16.apply_backend_flags()
-    assert "float32 modules head" in precision.describe_line(fp16.describe())
+    assert "float32 modules head" in describe_line(fp16.describe())

@@ -3,7 +3,7 @@ margin) × the speed stage's time per step, as a ratio to fp32's own; never, sai
 
 import pytest
 
-from ampbench.quality import arm_quality, curve_rows, first_reaching, quality_metrics, text
+from ampbench.verdict.quality import arm_quality, curve_rows, first_reaching, quality_metrics, text
 
 
 def points(*losses, every=10, seconds_per_step=0.5):

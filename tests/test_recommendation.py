@@ -2,7 +2,7 @@
 
 import pytest
 
-from ampbench.advice import recommendation
+from ampbench.report.advice import recommendation
 
 
 def row(verdict="equivalent", loss_verdict="equivalent", speed=1.0, memory=1.0, skipped=0, steps=1000,
@@ -115,7 +115,7 @@ def test_an_input_bound_run_is_named_in_the_recommendation():
 ])
 def test_the_cpu_note_says_what_this_cpu_has(flags, says, not_says):
     """Issue 29.4: the note explained slowness "without AVX512-BF16/AMX" on a CPU that had both."""
-    from ampbench.advice import cpu_note
+    from ampbench.report.advice import cpu_note
 
     note = cpu_note(flags)
     assert note.startswith(f"CPU run. This CPU's 16-bit instructions: {flags}.") and says in note

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from ampbench.data import prepare
-from ampbench.determinism import seed_everything
-from ampbench.metrics import arm_seed_metrics
-from ampbench.models import build_builtin
-from ampbench.params import PrepareParams, TrainParams
-from ampbench.precision import resolve_policy
-from ampbench.task import predict
-from ampbench.training import LoopConfig, fit, init_state
+from ampbench.config.params import PrepareParams, TrainParams
+from ampbench.data.prepare import prepare
+from ampbench.models.builtins import build_builtin
+from ampbench.precision.policy import resolve_policy
+from ampbench.runtime.determinism import seed_everything
+from ampbench.tasks.contract import predict
+from ampbench.training.loop import LoopConfig, fit, init_state
+from ampbench.verdict.metrics import arm_seed_metrics
 
 CPU = torch.device("cpu")
 

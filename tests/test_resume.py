@@ -8,12 +8,13 @@ import json
 import pytest
 import torch
 
-from ampbench import checkpoint, tracking
-from ampbench.data import prepare, save_prepared
+from ampbench import tracking
+from ampbench.config.layout import ArmFiles
+from ampbench.config.validation import validate
+from ampbench.data.prepare import prepare, save_prepared
 from ampbench.errors import ResumeRefused
-from ampbench.layout import ArmFiles
-from ampbench.train_stage import train_arm
-from ampbench.validation import validate
+from ampbench.stages.train import train_arm
+from ampbench.training import checkpoint
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ampbench.params import Params
-from ampbench.validation import load_params
+from ampbench.config.params import Params
+from ampbench.config.validation import load_params
 from conftest import ROOT
 from test_cli import _stage
 

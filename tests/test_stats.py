@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from ampbench.errors import AmpbenchError
-from ampbench.evaluate_stage import check_fingerprints
-from ampbench.stats import expected_calibration_error, paired_ci
-from ampbench.verdicts import verdict
+from ampbench.stages.evaluate import check_fingerprints
+from ampbench.verdict.decisions import verdict
+from ampbench.verdict.stats import expected_calibration_error, paired_ci
 
 T_975_DF2 = 4.302652729911275  # Student t quantile, 97.5%, 2 degrees of freedom (tables)
 T_975_DF4 = 2.7764451051977987
@@ -108,12 +108,12 @@ def test_an_arm_with_a_non_finite_loss_is_reported_invalid_not_a_crash(tmp_path)
 
     import numpy as np
 
-    from ampbench.comparison import ArmReport, Outcomes, paired_statistics, tables
-    from ampbench.fileio import atomic_write_json
-    from ampbench.metrics import summarise_seeds
-    from ampbench.report import markdown_report
-    from ampbench.stats import Margins, SeedNoise
-    from ampbench.task import CLASSIFICATION
+    from ampbench.report.markdown import markdown_report
+    from ampbench.runtime.files import atomic_write_json
+    from ampbench.tasks.contract import CLASSIFICATION
+    from ampbench.verdict.comparison import ArmReport, Outcomes, paired_statistics, tables
+    from ampbench.verdict.metrics import summarise_seeds
+    from ampbench.verdict.stats import Margins, SeedNoise
 
     def seed_metrics(delta_loss: float) -> dict[str, float]:
         return {"test_accuracy": 0.9, "test_loss": 0.3 + delta_loss, "delta_accuracy_vs_fp32": 0.0,

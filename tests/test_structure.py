@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from ampbench import layout
-from ampbench.params import SECTION_STAGES
+from ampbench.config import layout
+from ampbench.config.params import SECTION_STAGES
 from conftest import ROOT
 
 SRC = ROOT / "src" / "ampbench"
@@ -83,7 +83,7 @@ def test_the_cycle_finder_sees_imports_under_type_checking(tmp_path):
 
 def test_stages_do_not_import_each_other():
     graph = _graph()
-    assert "train_stage" not in graph["evaluate_stage"] and "evaluate_stage" not in graph["train_stage"]
+    assert "stages.train" not in graph["stages.evaluate"] and "stages.evaluate" not in graph["stages.train"]
     assert not {"bench", "bench.cli"} & graph["bench.loop"]
 
 

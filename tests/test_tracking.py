@@ -153,7 +153,7 @@ def test_runs_of_dead_processes_are_closed_and_live_ones_kept(tmp_path, monkeypa
 
     import mlflow
 
-    from ampbench import procs
+    from ampbench.runtime import processes
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
     exp = tracking.setup(tmp_path, "t")
@@ -163,10 +163,11 @@ def test_runs_of_dead_processes_are_closed_and_live_ones_kept(tmp_path, monkeypa
     ids = {}
     try:
         for name, pid in (("alive", alive.pid), ("dead", dead.pid), ("me", None)):
-            who = procs.Identity.current() if pid is None else procs.Identity(procs.Identity.current().host, pid,
-                                                                              procs.start_time(pid) or "gone")
+            host = processes.Identity.current().host
+            who = (processes.Identity.current() if pid is None
+                   else processes.Identity(host, pid, processes.start_time(pid) or "gone"))
             ids[name] = mlflow.MlflowClient().create_run(exp, tags=who.tags()).info.run_id
-        foreign = mlflow.MlflowClient().create_run(exp, tags={**procs.Identity("elsewhere", dead.pid, "1").tags()})
+        foreign = mlflow.MlflowClient().create_run(exp, tags={**processes.Identity("elsewhere", dead.pid, "1").tags()})
         assert tracking.close_dead_runs(exp) == [ids["dead"]]
         assert mlflow.get_run(ids["dead"]).info.status == "KILLED"
         assert "died" in mlflow.get_run(ids["dead"]).data.tags["ampbench.ended_by"]
@@ -296,7 +297,7 @@ def test_dvc_md5_is_the_hash_dvc_records(tmp_path):
 
     import yaml
 
-    from ampbench.fileio import dvc_md5
+    from ampbench.runtime.files import dvc_md5
 
     folder = tmp_path / "repo" / "data"
     (folder / "sub").mkdir(parents=True)

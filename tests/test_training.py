@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from ampbench import step
-from ampbench.params import GradScalerParams, TrainParams
-from ampbench.precision import resolve_policy
-from ampbench.splits import Split
-from ampbench.training import LoopConfig, fit, init_state, throughput
+from ampbench.config.params import GradScalerParams, TrainParams
+from ampbench.data.splits import Split
+from ampbench.precision.policy import resolve_policy
+from ampbench.training import step
+from ampbench.training.loop import LoopConfig, fit, init_state, throughput
 
 CPU = torch.device("cpu")
 
@@ -120,7 +120,7 @@ def test_validation_losses_between_steps_leave_training_bitwise_unchanged():
     """Issue 26: validation every 3 optimizer steps (a model with dropout and BatchNorm, which an evaluation left in
     eval mode would change) gives the same weights, bit for bit, as validation at epoch ends only; the points are
     at steps 3, 6 and each epoch's end, and the time spent validating is not counted as training time."""
-    from ampbench.train_stage import evaluation_points
+    from ampbench.stages.train import evaluation_points
 
     def run(every: int):
         torch.manual_seed(0)

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from ampbench.data import prepare
+from ampbench.config.params import PrepareParams
+from ampbench.data.prepare import prepare
+from ampbench.data.readers import FASHION_CLASSES, read_idx
 from ampbench.errors import DataError
-from ampbench.params import PrepareParams
-from ampbench.readers import FASHION_CLASSES, read_idx
 
 DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 
@@ -247,11 +247,11 @@ def test_a_resize_beyond_memory_is_refused_before_any_decoding(source, tmp_path,
     """prepare.image_size at its maximum on a small folder tried to allocate 5.6 GB and died with a traceback; the
     synthetic data's memory estimate now covers every source. (Available memory pinned to 1 GiB: the same on every
     machine.)"""
-    import ampbench.hardware
+    import ampbench.runtime.hardware
 
-    monkeypatch.setattr(ampbench.hardware, "available_memory", lambda device: 2**30)
+    monkeypatch.setattr(ampbench.runtime.hardware, "available_memory", lambda device: 2**30)
     decoded = []
-    monkeypatch.setattr("ampbench.datasets._to_array", lambda *a: decoded.append(a) or None)
+    monkeypatch.setattr("ampbench.data.user_data._to_array", lambda *a: decoded.append(a) or None)
     root = image_folder(tmp_path / "pets")  # 12 RGB images of 10×12
     if source == "imagefolder":
         params = PrepareParams(dataset="imagefolder", raw_dir=str(root), image_size=4096)

@@ -73,7 +73,7 @@ def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, wo
     processes the runs table never uses) stays off unless MLFLOW_SERVER_ENABLE_JOB_EXECUTION says otherwise.
     """
     from ampbench import tracking
-    from ampbench.validation import load_params
+    from ampbench.config.validation import load_params
 
     root = root.resolve()
     name = experiment or load_params(root / "params.yaml").mlflow.experiment
@@ -122,10 +122,10 @@ def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: floa
     import time
     import urllib.request
 
-    from ampbench import procs
     from ampbench.errors import AmpbenchError
+    from ampbench.runtime import processes
 
-    procs.handle_signals_once()  # SIGTERM (a supervisor, `kill`) unwinds like Ctrl-C: the server is stopped below
+    processes.handle_signals_once()  # SIGTERM (a supervisor, `kill`) unwinds like Ctrl-C: the server is stopped below
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         server = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
@@ -204,7 +204,7 @@ def compare(revisions: tuple[str, ...], repo: str, json_out: Path | None) -> Non
     """
     import json
 
-    from ampbench.experiments import compare_revisions, markdown
+    from ampbench.report.experiments import compare_revisions, markdown
 
     result = compare_revisions(list(revisions), repo)
     click.echo(markdown(result))
@@ -218,9 +218,9 @@ def compare(revisions: tuple[str, ...], repo: str, json_out: Path | None) -> Non
 @click.option("--check", is_flag=True, help="Change nothing; exit 1 if either file is out of date.")
 @one_line_errors
 def sync_params(root: Path, check: bool) -> None:
-    """Rewrite params.yaml (values kept; keys, order and comments from the schema in src/ampbench/params.py) and
+    """Rewrite params.yaml (values kept; keys, order and comments from the schema in src/ampbench/config/params.py) and
     the `params:` list of every stage in dvc.yaml (the keys each stage reads)."""
-    from ampbench.params_sync import sync
+    from ampbench.config.sync import sync
 
     changed = sync(root, write=not check)
     for path in changed:

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ampbench.arms import NAMES
 from ampbench.bench.config import BenchConfig, first_round_steps
-from ampbench.params import MODELS
+from ampbench.config.arms import NAMES
+from ampbench.config.params import MODELS
 
 
 def _cell(row: dict[str, Any], key: str, spec: str, width: int) -> str:

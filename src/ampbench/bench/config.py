@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ampbench.arms import BASELINE, MAIN
+from ampbench.config.arms import BASELINE, MAIN
 
 OVERHEAD_GOAL = 1.03  # pipeline step time / bare loop step time
 LOGGING_GOAL = 0.02  # logging time / training time

@@ -19,22 +19,22 @@ import torch
 import torch.nn.functional as F
 
 from ampbench import tracking
-from ampbench.arms import BASELINE, TF32_REFERENCE
-from ampbench.bench.budget import Budget, prime
 from ampbench.bench.config import LOGGING_GOAL, OVERHEAD_GOAL, BenchConfig
+from ampbench.config.arms import BASELINE, TF32_REFERENCE
+from ampbench.config.params import TrainParams
+from ampbench.data.splits import Split
+from ampbench.data.text import VOCAB_SIZE
 from ampbench.errors import ArmUnavailable
-from ampbench.flops import count_step_flops
-from ampbench.hardware import fingerprint, peak_memory_mb, peak_tflops, reset_peak_memory
-from ampbench.model_factory import ModelSpec, build_for
-from ampbench.models import unwrap
-from ampbench.monitor import WindowTimer
-from ampbench.optimizers import state_bytes
-from ampbench.params import TrainParams
-from ampbench.precision import resolve_device, resolve_policy
-from ampbench.splits import Split
-from ampbench.tasks import resolve_task
-from ampbench.text import VOCAB_SIZE
-from ampbench.training import EpochRecord, LoopConfig, fit, init_state
+from ampbench.models.builtins import unwrap
+from ampbench.models.factory import ModelSpec, build_for
+from ampbench.precision.optimizers import state_bytes
+from ampbench.precision.policy import resolve_device, resolve_policy
+from ampbench.runtime.hardware import fingerprint, peak_memory_mb, peak_tflops, reset_peak_memory
+from ampbench.speed.budget import Budget, prime
+from ampbench.tasks.resolve import resolve_task
+from ampbench.training.flops import count_step_flops
+from ampbench.training.instruments import WindowTimer
+from ampbench.training.loop import EpochRecord, LoopConfig, fit, init_state
 
 
 def _data(cfg: BenchConfig, n: int, device: torch.device, seed: int) -> Split:

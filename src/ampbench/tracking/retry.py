@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from ampbench import procs
 from ampbench.errors import StoreError
+from ampbench.runtime import processes
 from ampbench.tracking.uris import mask, redact, sqlite_path
 
 
@@ -80,7 +80,7 @@ def _whole_transactions():
 
     scheme = urlsplit(mlflow.get_tracking_uri()).scheme.split("+")[0]
     databases = ("sqlite", "postgresql", "mysql", "mssql")
-    return procs.signals_deferred() if scheme in databases else contextlib.nullcontext()
+    return processes.signals_deferred() if scheme in databases else contextlib.nullcontext()
 
 
 _STORE_MODULES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "psycopg2", "pymysql")

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ampbench import procs
+from ampbench.runtime import processes
 from ampbench.tracking.logs import log_batch
 from ampbench.tracking.retry import current_uri, init_lock, retry
 from ampbench.tracking.uris import mask, redact
@@ -101,7 +101,7 @@ def open_run(name: str, tags: dict[str, str], params: dict[str, str], run_id: st
     import mlflow
 
     tags = {**tags, "ampbench.tracking_uri": redact(mlflow.get_tracking_uri()),  # never with a password
-            **procs.Identity.current().tags()}
+            **processes.Identity.current().tags()}
     system = _system_metrics(system_metrics_every)
     if run_id is not None and run_exists(run_id):
         active = retry(mlflow.start_run)(run_id=run_id, tags=tags, log_system_metrics=system)
@@ -142,12 +142,13 @@ def _system_metrics(every: float) -> bool:
 
 @contextmanager
 def _signals_raise() -> Iterator[None]:
-    """Within the block SIGINT/SIGTERM raise KeyboardInterrupt once and are ignored after (``procs.interrupt_once``).
-    A stage installs that for its whole process; called as a library, it is installed here and then undone."""
-    if signal.getsignal(signal.SIGTERM) is procs.interrupt_once:
+    """Within the block SIGINT/SIGTERM raise KeyboardInterrupt once and are ignored after
+    (``processes.interrupt_once``). A stage installs that for its whole process; called as a library, it is
+    installed here and then undone."""
+    if signal.getsignal(signal.SIGTERM) is processes.interrupt_once:
         yield
         return
-    previous = procs.handle_signals_once()
+    previous = processes.handle_signals_once()
     try:
         yield
     finally:
@@ -179,7 +180,7 @@ def _close(status: str, tags: dict[str, str], strict: bool = False) -> None:
     except Exception as exc:
         if strict:
             raise
-        from ampbench.console import log
+        from ampbench.runtime.console import log
 
         log(f"could not mark the MLflow run {status} ({mask(str(exc))}); the next run of this stage will")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ampbench import procs
 from ampbench.errors import AmpbenchError, StoreError
+from ampbench.runtime import processes
 from ampbench.tracking.retry import init_lock, retry, store_message
 from ampbench.tracking.uris import check_uri, redact, store_uris
 
@@ -88,12 +88,12 @@ def close_dead_runs(experiment_id: str) -> list[str]:
     running = retry(client.search_runs)([experiment_id], filter_string="attributes.status = 'RUNNING'",
                                          max_results=1000)
     for r in running:
-        owner = procs.Identity.from_tags(r.data.tags)
+        owner = processes.Identity.from_tags(r.data.tags)
         if owner is None or not owner.dead():
             continue
         retry(client.set_tag)(r.info.run_id, "ampbench.ended_by",
                                f"process {owner.pid} on {owner.host} died without closing the run (found by a "
-                               f"later run, pid {procs.Identity.current().pid})")
+                               f"later run, pid {processes.Identity.current().pid})")
         retry(client.set_terminated)(r.info.run_id, status="KILLED")
         closed.append(r.info.run_id)
     return closed

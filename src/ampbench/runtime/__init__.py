@@ -1,0 +1,9 @@
+"""The process the pipeline runs in: devices, seeds, files and the console — what every other package stands on.
+
+- ``distributed``: torchrun/DDP: the process group, each rank's slice of a batch, all-reduce.
+- ``determinism``: seeding and the deterministic-algorithm switches.
+- ``hardware``: the device fingerprint, peak memory, a GPU's dense peak TFLOP/s by dtype.
+- ``processes``: process identity (for closing dead processes' runs), one-shot signals, ``dvc`` watching.
+- ``files``: atomic writes, reports published together, JSON reads that name the bad file.
+- ``console``: progress lines for people, on stderr.
+"""

@@ -1,0 +1,9 @@
+"""The library side of the DVC stages that do more than one call: training an arm, timing every arm, evaluating.
+
+- ``train``: the train stage: each seed fit, resumed or reused; the arm's summary.
+- ``preflight``: what the train stage checks before any work; a large request's plan.
+- ``outputs``: ``SeedJob`` and ``ArmOutputs``: every side effect of training (files, runs, log lines; rank 0).
+- ``resume``: when a checkpoint may be continued; the progress record; reuse of finished seeds.
+- ``speed``: the speed stage: the harness on the user's model and data; its result checked for evaluate.
+- ``evaluate``: the evaluate stage: predict every arm and seed, the verdicts, the reports, MLflow.
+"""

@@ -1,0 +1,273 @@
+"""Train stage: one arm, every seed in train.seeds — fit, a resume checkpoint after each epoch, one MLflow run.
+
+``train_arm`` resolves the device and the arm's policy (an arm the device cannot run is recorded as skipped, never
+run as something else) and trains each seed as a ``SeedJob``. When a seed is resumed or reused is the policy of
+``resume.py``; every side effect (files under models/<arm>/, resume checkpoints, MLflow, log lines) goes through
+``ArmOutputs`` (``arm_outputs.py``), which does nothing on DDP ranks other than 0.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ampbench.config.layout import ArmFiles
+from ampbench.config.params import Params
+from ampbench.data.loader import batches_per_epoch
+from ampbench.data.prepare import load_prepared
+from ampbench.errors import AmpbenchError, ArmUnavailable, StoreError
+from ampbench.precision.policy import describe_line, resolve_device, resolve_policy
+from ampbench.report.advice import fix_line
+from ampbench.runtime import distributed
+from ampbench.runtime.files import dvc_md5, json_digest
+from ampbench.runtime.hardware import fingerprint, peak_memory_mb, reset_peak_memory
+from ampbench.stages import resume
+from ampbench.stages.outputs import ArmOutputs, SeedJob
+from ampbench.stages.preflight import check_16_bit_work, check_model, check_steps, estimate, request_size
+from ampbench.tasks.resolve import resolve_task
+from ampbench.training import checkpoint
+from ampbench.training.activations import merge_tables
+from ampbench.training.flops import count_step_flops
+from ampbench.training.instruments import Diverged, epoch_line
+from ampbench.training.loop import EpochRecord, LoopConfig, TrainState, build_run, fit, memory_format, throughput
+
+
+def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_root: Path, tags: dict[str, str],
+              resume_dir: Path, code_version: str = "") -> dict[str, Any]:
+    """Train ``arm`` once per seed in ``params.train.seeds``; write checkpoints, history and summary to out_dir.
+
+    A seed stopped by the divergence guard is recorded as diverged. Returns the summary (``summary.json``).
+    """
+    device = resolve_device(params.train.device)
+    world = distributed.init(device.type)  # one process, or this rank of a torchrun job
+    device = distributed.device_for(world, device)
+    data_md5 = dvc_md5(data_dir)  # the prepared data's hash as DVC records it: a tag, and the dataset's digest
+    out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, {**tags, "dvc.data_md5": data_md5},
+                     enabled=world.is_main)
+    try:
+        task = resolve_task(params.train.task, params.train.block_size)
+        data = task.view(load_prepared(data_dir))
+        check_steps(params, data, world)
+        model = check_model(params, data, task, device)  # before anything is written: a model that does not fit fails
+        try:
+            policy = resolve_policy(arm, device, params.train.fp32_modules)
+        except ArmUnavailable as exc:
+            out.log(f"skipped: {exc}")
+            summary = {"arm": arm, "skipped": str(exc), "hardware": fingerprint(device), "model": model}
+            out.finished(summary, {})
+            return summary
+        check_16_bit_work(arm, policy, params, data, task, device)
+        plan = request_size(params)
+        if plan:
+            out.log(plan)
+        out.open(params, execution_key(params, data_md5, code_version, tags))
+        seeds = {}
+        try:
+            for seed in params.train.seeds:
+                key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
+                job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key,
+                              model, task)
+                seeds[str(seed)] = _train_seed(job, data_dir, out)
+        except StoreError as exc:
+            raise StoreError(f"{exc} — the epochs done are kept in {resume_dir}: run the stage again once the "
+                             "store works, it continues from there") from None
+        distributed.barrier(world)
+        summary = _arm_summary(arm, params, policy, device, world, model, {s: r for s, (r, _) in seeds.items()})
+        out.finished(summary, {s: [r.row() for r in records] for s, (_, records) in seeds.items()})
+        return summary
+    finally:
+        distributed.shutdown(world)
+
+
+def execution_key(params: Params, data_md5: str, code_version: str, tags: dict[str, str]) -> str:
+    """What every train stage of one pipeline execution shares (so they find one parent run): the training params
+    but the arm list, the data, the code and the DVC experiment with its baseline."""
+    train = {k: v for k, v in params.train.to_dict().items() if k not in ("precisions", "progress")}
+    shared = {"train": train, "mlflow": params.mlflow.to_dict(), "data": data_md5, "code": code_version,
+              "exp": tags.get("dvc.exp_name"), "rev": tags.get("dvc.baseline_rev")}
+    return json_digest(shared, 24)
+
+
+def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dict]) -> dict[str, Any]:
+    ok = [s for s in seeds.values() if not s["diverged"]]
+    return {
+        "arm": arm,
+        "skipped": None,
+        "diverged": {seed: s["diverged"] for seed, s in seeds.items() if s["diverged"]} or None,
+        "ablation": policy.ablation,
+        "policy": policy.describe(),
+        "model": model,
+        "epochs": params.train.epochs,
+        "world_size": world.size,
+        "hardware": fingerprint(device),
+        "seeds": seeds,
+        # Per arm: median over seeds of each seed's median window throughput; the largest peak memory.
+        "samples_per_s": statistics.median(s["train_samples_per_s"] for s in ok) if ok else None,
+        "peak_memory_mb": max(s["peak_memory_mb"] for s in ok) if ok else None,
+        "skipped_steps": sum(s["skipped_steps_total"] for s in ok),
+        "optimizer_steps": sum(s.get("optimizer_steps_total", 0) for s in ok),
+        "input_path": ok[0].get("input_path") if ok else None,
+        "input_wait_share": statistics.median(s.get("input_wait_share", 0.0) for s in ok) if ok else None,
+        # Numerics: FLOPs by dtype of one counted step, the first non-finite module per seed, and the
+        # per-module activation ranges of every seed (diverged ones too), closest to fp16's top first.
+        "flops": next((s["flops"] for s in seeds.values() if s.get("flops")), None),
+        # What ran, read back from the first finished seed: optimizer class and rounding, the bytes of weights,
+        # gradients and optimizer state, float8's converted and left-out Linear layers.
+        **{k: next((s[k] for s in ok if s.get(k)), None) for k in ("optimizer", "state_bytes", "float8")},
+        "first_nonfinite": {seed: s["first_nonfinite"] for seed, s in seeds.items() if s.get("first_nonfinite")},
+        "activations": merge_tables([s.get("activations") or [] for s in seeds.values()]),
+    }
+
+
+def _build(job: SeedJob) -> tuple[torch.nn.Module, TrainState, LoopConfig]:
+    """Seeded, deterministic (if asked) model and fresh training state for ``job``."""
+    tp = job.params.train
+    return build_run(tp, job.policy, job.contract, job.device, job.seed, job.data.train, job.task,
+                     eval_every=eval_interval(tp.eval_every, batches_per_epoch(len(job.data.train), tp.batch_size,
+                                                                               job.world.size)))
+
+
+def eval_interval(eval_every: int | None, batches: int) -> int:
+    """train.eval_every as steps: null gives four evaluations per epoch (the last at the epoch's end)."""
+    return max(1, batches // 4) if eval_every is None else eval_every
+
+
+def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str, Any], list[EpochRecord]]:
+    """Train (or resume, or reuse) one seed; returns its summary record and its epochs."""
+    prior = resume.load(job.resume_path, job.arm, job.key)  # every rank reads it; only rank 0 writes
+    if prior is not None and prior[1].done is not None:
+        ck, progress = prior
+        out.log(f"seed {job.seed}: already finished before the interruption; reusing it")
+        if not progress.done["diverged"]:
+            out.seed_files(job, ck, progress.records, progress.done["activations"])
+        return progress.done, progress.records
+    model, state, cfg = _build(job)
+    progress = resume.SeedProgress(job.arm, job.key)
+    if prior is not None:
+        checkpoint.restore(state, prior[0])
+        progress = prior[1]
+        out.log(f"seed {job.seed}: resuming after epoch {state.epoch} of {job.params.train.epochs}")
+    else:
+        ranks = f", {job.world.size} ranks" if job.world.active else ""
+        out.log(f"seed {job.seed}: {describe_line(job.policy.describe())}{ranks}")
+    # Wrappers go on after restoring, so checkpoints hold plain keys. Same parameters: the optimizer built
+    # above still owns them. DDP averages gradients across ranks; compile wraps the (DDP) model.
+    state.model = distributed.wrap(model, job.world, job.device)
+    if job.params.train.compile:
+        state.model = torch.compile(state.model)
+    flops = count_flops(job, model) if job.seed == job.params.train.seeds[0] else None
+    try:
+        record = _fit_in_run(job, model, state, cfg, progress, data_dir, out, flops, fresh=prior is None)
+    except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
+        record = _diverged(job, exc, progress, out, flops)
+    progress.done = record
+    out.seed_done(job, state, progress)
+    if not record["diverged"]:
+        out.log(f"seed {job.seed}: val_accuracy {progress.records[-1].val_accuracy:.4f}, "
+                f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")
+    return record, progress.records
+
+
+def _fit_in_run(job: SeedJob, model: torch.nn.Module, state: TrainState, cfg: LoopConfig,
+                progress: resume.SeedProgress, data_dir: Path, out: ArmOutputs, flops: dict | None,
+                fresh: bool) -> dict[str, Any]:
+    """Fit inside the seed's MLflow run (a checkpoint and the epoch's metrics after each epoch); then its record,
+    files and artifacts. Returns the record (``_seed_record``)."""
+    tp = job.params.train
+    later_seeds = len(tp.seeds) - 1 - tp.seeds.index(job.seed)
+
+    def on_epoch(record: EpochRecord, st: TrainState) -> None:
+        progress.records.append(record)
+        out.epoch(job, st, progress)
+        out.log(epoch_line(f"seed {job.seed}", record, tp.epochs, tp.epochs - record.epoch + later_seeds * tp.epochs))
+        if record.epoch == 1 and job.seed == tp.seeds[0] and request_size(job.params):
+            out.log(estimate(record, job.params))
+
+    with out.open_run(job, progress.run_id) as run_id:
+        progress.run_id = run_id
+        if fresh:
+            out.dataset(job, data_dir)
+        reset_peak_memory(job.device)
+        fit(state, job.data.train, job.data.val, job.policy, cfg, on_epoch=on_epoch, world=job.world)
+        if not sum(r.optimizer_steps for r in progress.records):  # a safety net behind check_steps
+            raise AmpbenchError(f"{job.name}: training ran no optimizer step; its results would be untrained")
+        record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name)
+        record["flops"] = flops
+        record.update(what_ran(job.policy, model, state.optimizer))
+        out.numerics(job, run_id, record)
+        paths = out.seed_files(job, checkpoint.state_dict(state), progress.records, record["activations"])
+        out.seed_artifacts(job, paths, record, model)
+    return record
+
+
+def what_ran(policy, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Read back from the trained objects: the optimizer's class and rounding, the bytes of weights, gradients
+    and optimizer state, and for the fp8 arms each Linear layer converted or left out with why."""
+    from ampbench.precision import optimizers
+
+    ran = {"optimizer": optimizers.describe(optimizer), "state_bytes": optimizers.state_bytes(model, optimizer)}
+    if policy.float8_recipe:
+        from ampbench.precision import float8
+
+        ran["float8"] = float8.record(model, policy.float8_recipe)
+    return ran
+
+
+def _diverged(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: ArmOutputs,
+              flops: dict | None) -> dict[str, Any]:
+    """The record of a seed the divergence guard stopped: the reason, the first non-finite module and the rerun
+    that keeps it in float32, the activation table up to the divergence."""
+    out.log(f"seed {job.seed}: DIVERGED: {exc}")
+    record = {"run_id": progress.run_id, "diverged": str(exc), "first_nonfinite": exc.culprit, "flops": flops,
+              "activations": merge_tables([r.activations for r in progress.records] + [exc.activations])}
+    if exc.culprit:
+        record["fix"] = fix_line([exc.culprit["module"]])
+        out.log(f"seed {job.seed}: keep it in float32: {record['fix']}")
+    out.numerics(job, progress.run_id, record)
+    return record
+
+
+def count_flops(job: SeedJob, model: torch.nn.Module) -> dict[str, Any]:
+    """One training step's forward and backward on up to 16 training samples, counted by dtype at the dispatcher
+    (flops.count_step_flops), with the TF32 state read back; training is unaffected."""
+    split = job.data.train
+    n = min(job.params.train.batch_size, 16, len(split))
+    x = job.policy.cast_input(split.inputs(split.x[:n].to(job.device)))
+    x = x.to(memory_format=memory_format(job.params.train))
+    counted = count_step_flops(model, job.policy, x, split.y[:n].to(job.device), job.task)
+    counted["cuda_matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
+    return counted
+
+
+def _seed_record(job: SeedJob, cfg: LoopConfig, records: list[EpochRecord], run_id: str,
+                 checkpoint_name: str) -> dict[str, Any]:
+    """The seed's line in summary.json: run id, throughput, memory, time, skips, final metrics."""
+    seconds = [r.epoch_seconds for r in records]
+    record = {"run_id": run_id, "diverged": None, "checkpoint": checkpoint_name,
+              "train_samples_per_s": throughput(records), "timing_windows": sum(len(r.windows) for r in records),
+              **peak_memory_mb(job.device), "train_seconds": sum(seconds),
+              "skipped_steps_total": sum(r.skipped_steps for r in records),
+              "optimizer_steps_total": sum(r.optimizer_steps for r in records),
+              "input_path": "device tensors" if cfg.on_device else "streaming DataLoader",
+              "input_wait_share": sum(r.input_wait_seconds for r in records) / max(sum(seconds), 1e-9),
+              "final": records[-1].row(),
+              "first_nonfinite": next((r.nonfinite for r in records if r.nonfinite), None),
+              "evaluations": evaluation_points(records),
+              "activations": merge_tables([r.activations for r in records]),
+              "model_uri": None}
+    if job.params.train.compile and len(records) > 1:  # the first epoch pays for compilation; estimate it apart
+        record["compile_seconds_estimate"] = max(seconds[0] - statistics.median(seconds[1:]), 0.0)
+    return record
+
+
+def evaluation_points(records: list[EpochRecord]) -> list[dict[str, float]]:
+    """Every validation loss of the run in order: optimizer step, training seconds since the start (evaluations
+    left out), val_loss."""
+    points, before = [], 0.0
+    for r in records:
+        points += [{**e, "seconds": before + e["seconds"]} for e in r.evaluations]
+        before += r.epoch_seconds
+    return points

@@ -1,0 +1,10 @@
+"""Is an arm worse than fp32? The metrics, the paired statistics, the verdicts and what would decide them.
+
+- ``metrics``: per arm and seed: accuracy, loss, agreement, KL, logit differences, ECE against fp32.
+- ``variance``: variance components of the paired differences: seeds, examples, residual.
+- ``stats``: paired intervals (Tango with a design effect, t over seeds), fp32's seed noise, the margins.
+- ``decisions``: *equivalent* and *not worse* from one-sided bounds; against fp32's seed noise.
+- ``plan``: the test examples or seeds that would give 80% power to decide.
+- ``quality``: time to fp32's quality: steps to its validation loss × time per step.
+- ``comparison``: an arm against fp32: the typed paired statistics and the three tables the stage writes.
+"""
