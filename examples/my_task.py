@@ -4,7 +4,7 @@ Train it (from the project root):
 
     .venv/bin/dvc exp run --temp -S train.task=examples.my_task:task -S train.task_code=examples/my_task.py
 
-The contract (``ampbench.tasks.contract.Task``, docs/your-task.md): a callable returning an object with ``view``,
+The contract (``ampbench.Task``, docs/your-task.md): a callable returning an object with ``view``,
 ``model_args``, ``output_error``, ``logits``, ``loss``, ``correct``, ``validate``, ``evaluate`` and ``paired``.
 Subclassing a built-in task and overriding what differs is the short way: here only the training loss changes,
 so validation, the test metrics and the verdicts stay those of plain classification (cross-entropy, accuracy).
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ampbench.tasks.contract import Classification
+from ampbench import Classification
 
 
 class LabelSmoothing(Classification):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ampbench.models.gpt import GPT, CausalSelfAttention
+from ampbench import GPT, CausalSelfAttention
 
 
 class HotAttention(CausalSelfAttention):

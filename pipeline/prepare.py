@@ -21,10 +21,10 @@ from _common import CHECKOUT, debug_option, folder_option, layout, params_option
 @stage
 def main(params, raw_dir: Path, out_dir: Path) -> None:
     """Prepare the data set named by prepare.dataset."""
+    from ampbench.config.user_code import require_tracked
     from ampbench.data.prepare import describe, prepare, save_prepared
-    from ampbench.data.user_data import require_tracked_dataset
 
-    require_tracked_dataset(params.prepare, CHECKOUT)
+    require_tracked("prepare.dataset", params.prepare.dataset, params.prepare.dataset_code, CHECKOUT)
     data = prepare(params.prepare, raw_dir or Path(params.prepare.raw_dir))
     save_prepared(data, out_dir)
     click.echo(f"prepared {describe(data.meta)} → {out_dir}")

@@ -23,7 +23,7 @@ from _common import data_option, debug_option, deterministic_cublas, layout, par
 def main(params, data_dir: Path, out_path: Path) -> None:
     """Time every arm of train.precisions, A B C, C B A, …, and each arm's peak memory alone (CUDA)."""
     from ampbench.runtime.files import atomic_write_json
-    from ampbench.speed.harness import run, summary_lines
+    from ampbench.stages.speed import run, summary_lines
 
     if params.train.deterministic:
         deterministic_cublas()

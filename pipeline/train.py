@@ -44,16 +44,15 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
 
     Interrupted? Run it again: it resumes from the last completed epoch.
     """
+    from ampbench.config.user_code import require_tracked
     from ampbench.errors import ParamsError
-    from ampbench.models.factory import ModelSpec, require_tracked
     from ampbench.runtime.distributed import launched_by_torchrun
     from ampbench.stages.train import train_arm
-    from ampbench.tasks.resolve import require_tracked as require_tracked_task
 
     if precision not in params.train.precisions:
         raise ParamsError(f"--precision {precision!r} is not in train.precisions {params.train.precisions}")
-    require_tracked(ModelSpec.from_train(params.train), params.train.model_code, CHECKOUT)
-    require_tracked_task(params.train.task, params.train.task_code, CHECKOUT)
+    require_tracked("train.model", params.train.model, params.train.model_code, CHECKOUT)
+    require_tracked("train.task", params.train.task, params.train.task_code, CHECKOUT)
     if params.train.nproc_per_node > 1 and not launched_by_torchrun():
         relaunch_under_torchrun(params.train.nproc_per_node)  # does not return
     if params.train.deterministic:

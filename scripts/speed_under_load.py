@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from ampbench.config.validation import load_params
     from ampbench.data.prepare import load_prepared
     from ampbench.precision.policy import resolve_device
-    from ampbench.speed import harness
+    from ampbench.stages import speed
     from ampbench.tasks.resolve import resolve_task
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"date": time.strftime("%F"), "arm": args.arm, "speed": sp.to_dict(), "device": str(device)}
 
     t0 = time.monotonic()
-    out["interleaved_quiet"] = harness.measure(params, train, val, task, device, contract)["arms"][args.arm][
+    out["interleaved_quiet"] = speed.measure_arms(params, train, val, task, device, contract)["arms"][args.arm][
         "speedup_vs_fp32"]
     seconds = time.monotonic() - t0
     hog = Hog()
@@ -104,11 +104,12 @@ def main(argv: list[str] | None = None) -> int:
             threading.Timer(seconds / 3, hog.stop).start()
 
     try:
-        loaded_run = harness.measure(params, train, val, task, device, contract, between_rounds=load_part)
+        loaded_run = speed.measure_arms(params, train, val, task, device, contract, between_rounds=load_part)
     finally:
         hog.stop()
     out["interleaved_loaded"] = loaded_run["arms"][args.arm]["speedup_vs_fp32"]
-    timers = {a: harness.ArmTimer(a, params, train, val, task, device, contract) for a in ("fp32", args.arm)}
+    sizes = speed.sizes(params, len(train) // bs)
+    timers = {a: speed.loop_arm(a, params, train, val, task, device, contract, sizes) for a in ("fp32", args.arm)}
     for t in timers.values():
         t.round(sp.warmup_steps + 2 * sp.window)
     out["separate_quiet"] = _separate(timers, args.arm, sp.rounds, sp.steps, load_second=False)

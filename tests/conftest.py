@@ -239,3 +239,14 @@ def _restore_torch_flags():
     set-up that trains in this process wraps itself in ``torch_flags_restored`` too: it runs before this.)"""
     with torch_flags_restored():
         yield
+
+
+def arm_summary(arm: str, **fields):
+    """A summary.json's record (``config.records.ArmSummary``) for tests that build reports by hand: an arm that
+    trained on a CPU, with ``fields`` on top."""
+    from ampbench.config.records import ArmSummary
+
+    raw = {"arm": arm, "skipped": None, "hardware": {"device_name": "CPU: test", "device_type": "cpu"},
+           "model": {"name": "small_cnn", "args": {}, "width": None, "parameters": 1, "flops_per_sample": 1},
+           "samples_per_s": 100.0, "peak_memory_mb": 10.0, "policy": {}, **fields}
+    return ArmSummary.model_validate(raw)

@@ -187,7 +187,8 @@ def digits(tmp_path_factory):
 
 def _fit(arm: str, data) -> float:
     from ampbench.runtime.determinism import seed_everything
-    from ampbench.training.loop import LoopConfig, fit, init_state
+    from ampbench.training.loop import fit, init_state
+    from ampbench.training.state import LoopConfig
 
     seed_everything(0)
     policy = resolve_policy(arm, CPU)

@@ -251,6 +251,21 @@ def test_stages_write_every_report(stages):
     assert "one-sided 95% lower bound" in stages["report"] or "one-sided 95% upper bound" in stages["report"]
 
 
+def test_the_reports_first_screen_answers_the_question(stages):
+    """The recommendation, then one table of at most eight columns within the first 120 words, one row per arm
+    with its reason; the details below their own heading, the full table among them."""
+    report = stages["report"]
+    first_screen, details = report.split("\n## Details\n", 1)
+    tables = [line for line in first_screen.splitlines() if line.startswith("|")]
+    header = tables[0]
+    assert header.count(" | ") + 1 <= 8 and header.startswith("| arm | not worse? | Δaccuracy, pp [95% CI] |")
+    assert len(report[:report.index(header)].split()) <= 120
+    assert len(tables) == 2 + len(stages["details"]) and "| tf32 | **skipped** |" in first_screen  # an arm a row
+    assert "undecided; *" in first_screen or "not worse, but" in first_screen  # bf16's reason, in its row
+    assert "| arm | not worse? | equivalent? |" in details and "Why each verdict:" in details
+    assert "Why each verdict" not in first_screen and "### Numerics" in details
+
+
 def test_one_seed_is_said_not_hidden(stages):
     """One seed: the interval covers example sampling only, and the verdict says so instead of pretending."""
     details = stages["details"]
@@ -276,7 +291,9 @@ def test_the_parent_run_holds_the_comparison(stages):
     for name in ("fp32-seed0", "bf16-seed0"):
         assert by_name[name].data.tags["mlflow.parentRunId"] == parent.info.run_id
     p, first = parent.data, stages["report"].splitlines()[2]
-    assert p.tags["recommendation"] == first.replace("**", "") and "skipped.tf32" in p.tags
+    # The tag is the whole recommendation (each arm's reason in it); the report says the reasons in its table.
+    assert p.tags["recommendation"].split(" (")[0] == first.replace("**", "").split(" (")[0]
+    assert "tf32: skipped" in p.tags["recommendation"] and "skipped.tf32" in p.tags
     assert p.tags["verdict.bf16"] == "inconclusive" and p.tags["dvc.data_md5"] == dvc_md5(stages["data"])
     assert p.metrics["bf16.speedup_vs_fp32"] == stages["speed"]["bf16"]["speedup_vs_fp32"]
     assert p.metrics["fp32.margin_accuracy_pp"] == stages["details"]["fp32"]["margin_accuracy_pp"]  # once

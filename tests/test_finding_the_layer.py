@@ -16,14 +16,14 @@ from torch import nn
 
 from ampbench.config.params import TrainParams
 from ampbench.data.splits import Split
+from ampbench.errors import Diverged
 from ampbench.precision.policy import float32_matches, resolve_policy
 from ampbench.report.advice import no_effect
 from ampbench.training.activations import ActivationProbe, headroom_log2, merge_tables
 from ampbench.training.flops import count_step_flops
-from ampbench.training.instruments import Diverged
-from ampbench.training.loop import LoopConfig, fit, init_state
+from ampbench.training.loop import fit, init_state
 from ampbench.training.nonfinite import replay_first_nonfinite
-from ampbench.verdict.comparison import ArmReport
+from ampbench.training.state import LoopConfig
 
 CPU = torch.device("cpu")
 
@@ -86,12 +86,11 @@ def test_an_autocast_arm_that_ran_in_float32_is_flagged():
     policy = resolve_policy("fp16", CPU)
     counted = count_step_flops(OptsOut(), policy, torch.randn(2, 1, 6, 6), torch.tensor([0, 2]))
     assert counted["low_precision_share"] == 0.0
-    arm = ArmReport("fp16", train={"policy": policy.describe()}, numerics={"flops": counted})
-    assert no_effect(arm)
+    assert no_effect(counted, policy.describe())
     ok = count_step_flops(_small(), policy, torch.randn(2, 1, 6, 6), torch.tensor([0, 2]))
-    assert not no_effect(ArmReport("fp16", train={"policy": policy.describe()}, numerics={"flops": ok}))
+    assert not no_effect(ok, policy.describe())
     fp32 = resolve_policy("fp32", CPU)  # no autocast asked for: nothing to flag
-    assert not no_effect(ArmReport("fp32", train={"policy": fp32.describe()}, numerics={"flops": counted}))
+    assert not no_effect(counted, fp32.describe())
 
 
 # --- the finder and the activation table -------------------------------------------------------------------------

@@ -12,8 +12,9 @@ from ampbench.data.splits import Norm, Split
 from ampbench.models.builtins import build_builtin
 from ampbench.precision.policy import resolve_policy
 from ampbench.runtime.determinism import seed_everything
-from ampbench.tasks.contract import predict
-from ampbench.training.loop import LoopConfig, fit, init_state
+from ampbench.tasks.classification import predict
+from ampbench.training.loop import fit, init_state
+from ampbench.training.state import LoopConfig
 from ampbench.verdict.metrics import arm_seed_metrics
 
 pytestmark = pytest.mark.gpu

@@ -169,7 +169,7 @@ def test_the_pipeline_trains_and_judges_a_language_model_by_its_loss(lm_run):
     assert details["bf16"]["accuracy_verdict"] in ("equivalent", "inconclusive", "worse", "better")
     # Sequences are the paired examples: 2 seeds × the test split's sequences.
     n_test = (meta["sizes"]["test"] - 1) // 16
-    assert details["bf16"]["statistics"]["delta_loss_vs_fp32"]["pairs"] == 2 * n_test
+    assert details["bf16"]["statistics"]["loss"]["interval"]["pairs"] == 2 * n_test
     # Δloss is the arm's loss per token minus fp32's (to the files' rounding).
     assert details["bf16"]["test_loss"] - comparison["fp32"]["test_loss"] == pytest.approx(
         comparison["bf16"]["delta_loss"], abs=2e-6)

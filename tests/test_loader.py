@@ -86,7 +86,8 @@ def test_training_is_identical_on_both_paths():
     from ampbench.config.params import TrainParams
     from ampbench.models.builtins import build_builtin
     from ampbench.precision.policy import resolve_policy
-    from ampbench.training.loop import LoopConfig, fit, init_state
+    from ampbench.training.loop import fit, init_state
+    from ampbench.training.state import LoopConfig
 
     train, val = uint8_split(160), uint8_split(40, seed=1)
     weights = []

@@ -9,9 +9,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from ampbench.config.user_code import require_tracked
 from ampbench.config.validation import validate
-from ampbench.errors import ParamsError
-from ampbench.models.factory import ModelError, ModelSpec, build, inspect_model, require_tracked
+from ampbench.errors import ModelError, ParamsError
+from ampbench.models.factory import ModelSpec, build, inspect_model
 from conftest import ROOT
 from test_cli import _stage
 
@@ -113,14 +114,15 @@ def test_models_that_do_not_fit_fail_before_any_work(case, factories, monkeypatc
 
 def test_a_factory_must_be_tracked_by_model_code(factories, monkeypatch):
     monkeypatch.syspath_prepend(str(factories))
-    spec = ModelSpec("faulty:wrong_output")
-    require_tracked(spec, "faulty.py", factories)
-    require_tracked(spec, ".", factories)  # the folder holding it also counts
-    require_tracked(spec, str(factories / "faulty.py"), ROOT)  # an absolute path too
-    with pytest.raises(ParamsError, match=r"^train.model_code: src/ampbench/models/builtins.py does not hold faulty.py, which "
-                                          r"defines faulty:wrong_output; set train.model_code: faulty.py so that "):
-        require_tracked(spec, "src/ampbench/models/builtins.py", factories)
-    require_tracked(ModelSpec("torchvision.resnet18"), "anything", ROOT)  # only factories are checked
+    spec = "faulty:wrong_output"
+    require_tracked("train.model", spec, "faulty.py", factories)
+    require_tracked("train.model", spec, ".", factories)  # the folder holding it also counts
+    require_tracked("train.model", spec, str(factories / "faulty.py"), ROOT)  # an absolute path too
+    with pytest.raises(ParamsError, match=r"^train.model_code: src/ampbench/models/builtins.py does not hold "
+                                          r"faulty.py, which defines faulty:wrong_output; set train.model_code: "
+                                          r"faulty.py so that "):
+        require_tracked("train.model", spec, "src/ampbench/models/builtins.py", factories)
+    require_tracked("train.model", "torchvision.resnet18", "anything", ROOT)  # only factories are checked
 
 
 def test_editing_the_factory_changes_the_code_version(tmp_path, monkeypatch):
@@ -132,7 +134,8 @@ def test_editing_the_factory_changes_the_code_version(tmp_path, monkeypatch):
     (tmp_path / "m.py").write_text("def build(shape, classes): return None\n")
     assert code_version(str(tmp_path / "m.py")) != before
     monkeypatch.chdir(tmp_path)  # a relative model_code is relative to the project, whatever the working folder
-    assert code_version("src/ampbench/models/builtins.py") == code_version(str(ROOT / "src/ampbench/models/builtins.py"))
+    builtins = "src/ampbench/models/builtins.py"
+    assert code_version(builtins) == code_version(str(ROOT / builtins))
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +156,8 @@ def test_your_model_trains_and_is_evaluated(model, args, synthetic, tmp_path, ml
 
     params, data = synthetic
     params = {**params, "train": {**params["train"], "model": model, "model_args": args, "precisions": ["fp32"],
-                                  "model_code": "examples/my_model.py" if ":" in model else "src/ampbench/models/builtins.py"}}
+                                  "model_code": "examples/my_model.py" if ":" in model
+                                  else "src/ampbench/models/builtins.py"}}
     path = str(write_params(params))
     out = tmp_path / "models"
     result = CliRunner().invoke(_stage("train"), ["--precision", "fp32", "--params", path, "--data", str(data),

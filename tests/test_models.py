@@ -48,7 +48,8 @@ def test_vit_tiny_learns_the_digits():
     from ampbench.data.prepare import prepare
     from ampbench.precision.policy import resolve_policy
     from ampbench.runtime.determinism import seed_everything
-    from ampbench.training.loop import LoopConfig, fit, init_state
+    from ampbench.training.loop import fit, init_state
+    from ampbench.training.state import LoopConfig
 
     digits = prepare(PrepareParams(dataset="digits", max_train=480), None)
     seed_everything(0)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from ampbench.config.params import DivergenceParams
-from ampbench.training.instruments import Diverged, ScalerHealth, WindowTimer
+from ampbench.errors import Diverged
+from ampbench.training.instruments import ScalerHealth, WindowTimer
 
 CPU = torch.device("cpu")
 

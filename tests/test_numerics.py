@@ -7,10 +7,11 @@ import torch
 
 from ampbench.config.params import DivergenceParams, GradScalerParams, TrainParams
 from ampbench.data.splits import Split
+from ampbench.errors import Diverged
 from ampbench.precision.policy import resolve_policy
-from ampbench.tasks.contract import predict
-from ampbench.training.instruments import Diverged
-from ampbench.training.loop import LoopConfig, fit, init_state
+from ampbench.tasks.classification import predict
+from ampbench.training.loop import fit, init_state
+from ampbench.training.state import LoopConfig
 
 CPU = torch.device("cpu")
 

@@ -2,11 +2,13 @@
 gives, and the -S lines that run them."""
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from ampbench.report.advice import examples_setting, plan_lines
+from ampbench.report.context import HeldOut, RunContext
+from ampbench.report.plans import examples_setting, plan_lines
 from ampbench.verdict.decisions import not_worse, one_sided_level, verdict
 from ampbench.verdict.plan import Design, plan, plans, power
 from ampbench.verdict.stats import paired_accuracy
@@ -26,7 +28,7 @@ def true_components(seeds: int, examples: int, discordance: float, seed_sd: floa
 
 
 def simulated(scenario: str, seeds: int, examples: int, p: float, question: str, reps: int = 400) -> float:
-    """The share of simulated runs whose verdict (the pipeline's own: ``comparison.paired_statistics``) is the
+    """The share of simulated runs whose verdict (the pipeline's own: ``verdict.comparison.paired_statistics``) is the
     question's answer, at a true difference of 0."""
     rng, hits = np.random.default_rng(26), 0
     for _ in range(reps):
@@ -81,7 +83,7 @@ def test_with_no_prediction_differing_only_more_test_examples_are_planned():
     assert verdict(s, MARGIN, one_sided=True)[0] == "inconclusive"
     p = plan(Design(Components.from_dict(s.components), 0.0, MARGIN, 0.95, True), "equivalent", 0.0, "observed")
     assert p.examples == 541 and p.seeds is None
-    context = {**CONTEXT, "seeds": [0, 1, 2, 3, 4]}
+    context = replace(CONTEXT, seeds=[0, 1, 2, 3, 4])
     [line] = plan_lines("tf32", [p.to_dict()], context)
     assert line == ("tf32, *equivalent* with 80% power if the true difference is the observed +0.00 pp (power now 0%): "
                     "541 test examples at these 5 seeds: `.venv/bin/dvc exp run --temp -S prepare.test_fraction=0.31`"
@@ -90,8 +92,8 @@ def test_with_no_prediction_differing_only_more_test_examples_are_planned():
     assert verdict(paired_accuracy(more, more, one_sided_level(0.95)), MARGIN, one_sided=True)[0] == "equivalent"
 
 
-CONTEXT = {"prepare": {"test_fraction": 0.25, "val_fraction": 0.1, "max_test": None},
-           "test": {"size": 449, "from": "test_fraction", "available": 449}, "seeds": [0, 1, 2]}
+CONTEXT = RunContext(prepare={"test_fraction": 0.25, "val_fraction": 0.1, "max_test": None},
+                     test=HeldOut(449, "test_fraction", 449), seeds=[0, 1, 2])
 
 
 def test_the_examples_line_is_the_setting_that_gives_that_many():
@@ -100,13 +102,12 @@ def test_the_examples_line_is_the_setting_that_gives_that_many():
     assert setting is None and "stays below 50%" in why
     setting, why = examples_setting(2000, 449, CONTEXT)
     assert setting is None and why == "the whole data set holds about 1,796"
-    capped = {**CONTEXT, "prepare": {**CONTEXT["prepare"], "max_test": 200},
-              "test": {"size": 200, "from": "test_fraction", "available": 449}}
+    capped = replace(CONTEXT, prepare={**CONTEXT.prepare, "max_test": 200}, test=HeldOut(200, "test_fraction", 449))
     assert examples_setting(300, 200, capped) == ("-S prepare.max_test=300", "")
     assert examples_setting(600, 200, capped) == ("-S prepare.test_fraction=0.34 -S prepare.max_test=null", "")
-    official = {**CONTEXT, "test": {"size": 10000, "from": "publisher", "available": 10000}}
+    official = replace(CONTEXT, test=HeldOut(10000, "publisher", 10000))
     assert examples_setting(20000, 10000, official) == (None, "the data set's own test split has 10,000")
-    assert examples_setting(500, 449, {**CONTEXT, "test": {}}) == (None, "")  # prepared before it was recorded
+    assert examples_setting(500, 449, replace(CONTEXT, test=HeldOut())) == (None, "")  # prepared before it was recorded
 
 
 def test_plan_lines_name_the_rerun():

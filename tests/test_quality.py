@@ -25,20 +25,20 @@ def test_steps_and_time_to_fp32_quality_as_ratios():
     half its steps ratio."""
     arm = {"0": points(0.9, 0.5, 0.41, 0.39), "1": points(0.8, 0.42, 0.41, 0.40)}
     q = arm_quality(arm, FP32, margin=0.02, speedup=2.0)
-    assert q["per_seed"]["0"]["steps"] == 30 and q["per_seed"]["0"]["fp32_steps"] == 40
-    assert q["per_seed"]["1"]["steps"] == 20 and q["per_seed"]["1"]["fp32_steps"] == 30
-    assert q["steps_vs_fp32"] == pytest.approx((30 / 40 + 20 / 30) / 2)
-    assert q["time_vs_fp32"] == pytest.approx(q["steps_vs_fp32"] / 2)
-    assert q["train_time_vs_fp32"] == pytest.approx(q["steps_vs_fp32"])  # the same wall time per step here
-    assert text(q) == f"{q['time_vs_fp32']:.2f}×" and (q["seeds_reached"], q["seeds"]) == (2, 2)
+    assert q.per_seed["0"]["steps"] == 30 and q.per_seed["0"]["fp32_steps"] == 40
+    assert q.per_seed["1"]["steps"] == 20 and q.per_seed["1"]["fp32_steps"] == 30
+    assert q.steps_vs_fp32 == pytest.approx((30 / 40 + 20 / 30) / 2)
+    assert q.time_vs_fp32 == pytest.approx(q.steps_vs_fp32 / 2)
+    assert q.train_time_vs_fp32 == pytest.approx(q.steps_vs_fp32)  # the same wall time per step here
+    assert text(q) == f"{q.time_vs_fp32:.2f}×" and (q.seeds_reached, q.seeds) == (2, 2)
     assert quality_metrics(q, 0) == {"steps_to_fp32_quality": 30, "time_to_fp32_quality_x": 0.375}
-    assert arm_quality(FP32, FP32, 0.02, 1.0)["time_vs_fp32"] == 1.0  # fp32 against itself
+    assert arm_quality(FP32, FP32, 0.02, 1.0).time_vs_fp32 == 1.0  # fp32 against itself
 
 
 def test_an_arm_that_never_gets_there_in_a_seed_has_no_ratio_and_says_so():
     arm = {"0": points(0.9, 0.5, 0.41, 0.39), "1": points(1.0, 0.8, 0.7, 0.6)}
     q = arm_quality(arm, FP32, margin=0.02, speedup=1.5)
-    assert q["per_seed"]["1"]["steps"] is None and q["time_vs_fp32"] is None and q["seeds_reached"] == 1
+    assert q.per_seed["1"]["steps"] is None and q.time_vs_fp32 is None and q.seeds_reached == 1
     assert text(q) == "never in 1 of 2 seeds" and quality_metrics(q, 1) == {}
     assert text(arm_quality({}, FP32, 0.02, 1.0)) == "n/a"  # an arm trained before evaluations were recorded
 

@@ -1,8 +1,11 @@
 """The one-line recommendation that opens reports/report.md (and tags the MLflow comparison run)."""
 
+from dataclasses import replace
+
 import pytest
 
 from ampbench.report.advice import recommendation
+from ampbench.report.context import RunContext
 
 
 def row(verdict="equivalent", loss_verdict="equivalent", speed=1.0, memory=1.0, skipped=0, steps=1000,
@@ -18,13 +21,13 @@ def row(verdict="equivalent", loss_verdict="equivalent", speed=1.0, memory=1.0, 
             **extra}
 
 
-GPU = {"device_type": "cuda"}
+GPU = RunContext(device_type="cuda")
 
 
 def test_the_fastest_equivalent_healthy_arm_is_recommended_with_its_code():
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"), "tf32": row(speed=2.0),
               "fp16": row(speed=4.5, memory=0.55, speedup_vs_tf32=2.25), "bf16": row(speed=4.2, memory=0.56)}
-    line, code = recommendation(merged, GPU)
+    line, code = (rec := recommendation(merged, GPU)).line, rec.code
     assert line.startswith("**Recommendation: switch to fp16.**")
     assert "4.50× fp32's samples/s, 2.25× tf32's, 0.55× its peak memory" in line
     assert "\n" not in line and "Measured on a CPU" not in line
@@ -35,7 +38,7 @@ def test_an_unhealthy_scaler_or_a_non_equivalent_verdict_rules_an_arm_out():
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"),
               "fp16": row(speed=4.5, skipped=300, steps=1000), "bf16": row(speed=4.2, loss_verdict="inconclusive"),
               "tf32": row(speed=1.8, verdict="worse")}
-    line, code = recommendation(merged, {**GPU, "seeds": [0, 1, 2]})
+    line, code = (rec := recommendation(merged, replace(GPU, seeds=[0, 1, 2]))).line, rec.code
     assert line.startswith("**Recommendation: stay on fp32.**") and code == ""
     assert "fp16: its scaler skipped 300 of 1000 optimizer steps" in line
     assert "bf16: loss inconclusive" in line and "tf32: accuracy worse" in line
@@ -45,9 +48,9 @@ def test_an_unhealthy_scaler_or_a_non_equivalent_verdict_rules_an_arm_out():
 def test_the_more_seeds_advice_is_derived_from_the_seeds_that_ran():
     """Issue 29.4: the advice once suggested `train.seeds=[0,1,2,3,4]` after a run with exactly those seeds."""
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"), "bf16": row(speed=2.0, verdict="inconclusive")}
-    line, _ = recommendation(merged, {**GPU, "seeds": [0, 1, 2, 3, 4]})
+    line = recommendation(merged, replace(GPU, seeds=[0, 1, 2, 3, 4])).line
     assert "'train.seeds=[0,1,2,3,4,5,6,7,8,9]'" in line
-    line, _ = recommendation(merged, {**GPU, "seeds": [7]})
+    line = recommendation(merged, replace(GPU, seeds=[7])).line
     assert "'train.seeds=[7,0,1]'" in line
 
 
@@ -57,12 +60,12 @@ def test_a_better_arm_is_not_worse_and_can_be_recommended_with_a_warning_beyond_
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"),
               "bf16": row(speed=1.5, verdict="better", loss_verdict="better", vs_seed_noise="beyond",
                            delta_accuracy_pp=6.67, delta_accuracy_pp_bound=3.1)}
-    line, code = recommendation(merged, GPU)
+    line, code = (rec := recommendation(merged, GPU)).line, rec.code
     assert line.startswith("**Recommendation: switch to bf16.**") and "dtype=torch.bfloat16" in code
     assert "not worse than fp32 (Δaccuracy +6.67 pp, one-sided lower bound +3.10 pp; equivalence: better)" in line
     assert "Note: bf16 is better than fp32 by more than fp32's own seed-to-seed variation (Δaccuracy +6.67 pp)" in line
     merged["bf16"]["vs_seed_noise"] = "not separable"
-    assert "Note:" not in recommendation(merged, GPU)[0]
+    assert "Note:" not in recommendation(merged, GPU).line
 
 
 def test_not_worse_decides_even_when_equivalence_is_inconclusive():
@@ -70,17 +73,17 @@ def test_not_worse_decides_even_when_equivalence_is_inconclusive():
     inconclusive, but the question asked — did anything degrade? — is answered."""
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"),
               "bf16": row(speed=1.3, verdict="inconclusive", not_worse="not worse")}
-    line, _ = recommendation(merged, GPU)
+    line = recommendation(merged, GPU).line
     assert line.startswith("**Recommendation: switch to bf16.**") and "equivalence: inconclusive" in line
     merged["bf16"]["loss_not_worse"] = "inconclusive"
-    line, _ = recommendation(merged, GPU)
+    line = recommendation(merged, GPU).line
     assert line.startswith("**Recommendation: stay on fp32.**") and "bf16: loss inconclusive" in line
 
 
 def test_bf16_adopts_with_autocast_only_and_ablations_are_never_recommended():
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"), "bf16": row(speed=3.0),
               "fp16_pure": {**row(speed=9.0), "ablation": True}}
-    line, code = recommendation(merged, GPU)
+    line, code = (rec := recommendation(merged, GPU)).line, rec.code
     assert line.startswith("**Recommendation: switch to bf16.**")
     assert "dtype=torch.bfloat16" in code and "GradScaler" not in code
 
@@ -88,7 +91,7 @@ def test_bf16_adopts_with_autocast_only_and_ablations_are_never_recommended():
 def test_on_cpu_slow_arms_mean_stay_on_fp32_and_the_line_says_a_gpu_differs():
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"), "fp16": row(speed=0.14),
               "bf16": row(speed=0.15), "tf32": {"status": "skipped", "verdict": "skipped", "ablation": False}}
-    line, _ = recommendation(merged, {"device_type": "cpu"})
+    line = recommendation(merged, RunContext(device_type="cpu")).line
     assert line.startswith("**Recommendation: stay on fp32.**")
     assert "fp16: not worse, but 0.14× fp32's samples/s" in line and "tf32: skipped" in line
     assert "Measured on a CPU" in line and "dvc exp run" not in line
@@ -97,13 +100,13 @@ def test_on_cpu_slow_arms_mean_stay_on_fp32_and_the_line_says_a_gpu_differs():
 @pytest.mark.parametrize("speed", [1.0, 1.04])
 def test_a_gain_within_timing_noise_is_not_called_faster(speed):
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"), "bf16": row(speed=speed)}
-    assert recommendation(merged, GPU)[0].startswith("**Recommendation: stay on fp32.**")
+    assert recommendation(merged, GPU).line.startswith("**Recommendation: stay on fp32.**")
 
 
 def test_an_input_bound_run_is_named_in_the_recommendation():
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline", input_wait_share=0.45),
               "bf16": row(speed=1.2, input_wait_share=0.6), "fp16": row(speed=1.3, input_wait_share=0.05)}
-    line, _ = recommendation(merged, GPU)
+    line = recommendation(merged, GPU).line
     assert "Input-bound (fp32, bf16): the speed ratios show the input pipeline more than the precision." in line
 
 
@@ -126,15 +129,15 @@ def test_the_speed_interval_must_clear_the_threshold_not_just_its_median():
     """Issue 29.1: with the speed stage's interval, its low end decides (1.08× [0.97, 1.20] is not faster)."""
     merged = {"fp32": row(verdict="baseline", loss_verdict="baseline"),
               "bf16": row(speed=1.08, speedup_vs_fp32_ci_low=0.97, speedup_vs_fp32_ci_high=1.2)}
-    line, _ = recommendation(merged, GPU)
+    line = recommendation(merged, GPU).line
     assert line.startswith("**Recommendation: stay on fp32.**")
     assert ("bf16: not worse, but 1.08× [0.97, 1.20] fp32's samples/s (a switch needs its interval's low end at "
             "1.05× or more)") in line
     merged["bf16"]["speedup_vs_fp32_ci_low"] = 1.06
-    line, _ = recommendation(merged, GPU)
+    line = recommendation(merged, GPU).line
     assert line.startswith("**Recommendation: switch to bf16.**") and "1.08× [1.06, 1.20] fp32's samples/s" in line
     # Shown as 1.05× [1.04, 1.06] (a default run on a CPU with AMX-BF16): the bar is said, as it is not plain.
     merged["bf16"].update(speedup_vs_fp32=1.046, speedup_vs_fp32_ci_low=1.04, speedup_vs_fp32_ci_high=1.06)
-    line, _ = recommendation(merged, GPU)
+    line = recommendation(merged, GPU).line
     assert ("bf16: not worse, but 1.05× [1.04, 1.06] fp32's samples/s (a switch needs its interval's low end at "
             "1.05× or more)") in line

@@ -94,10 +94,13 @@ def test_expected_calibration_error_by_hand():
 
 
 def test_comparison_refuses_mixed_fingerprints():
-    hw = {"device_name": "CPU: A", "torch_version": "2.14.1", "cpu_model": "A", "cpu_16bit_flags": "f16c"}
-    ok = {"fp32": {"skipped": None, "hardware": hw}, "bf16": {"skipped": None, "hardware": dict(hw)}}
+    from conftest import arm_summary
+
+    hw = {"device_name": "CPU: A", "device_type": "cpu", "torch_version": "2.14.1", "cpu_model": "A",
+          "cpu_16bit_flags": "f16c"}
+    ok = {"fp32": arm_summary("fp32", hardware=hw), "bf16": arm_summary("bf16", hardware=dict(hw))}
     check_fingerprints(ok)
-    ok["bf16"]["hardware"]["device_name"] = "NVIDIA H200"
+    ok["bf16"] = arm_summary("bf16", hardware={**hw, "device_name": "NVIDIA H200"})
     with pytest.raises(AmpbenchError, match="refusing to compare bf16 with fp32.*device_name"):
         check_fingerprints(ok)
 
@@ -108,37 +111,43 @@ def test_an_arm_with_a_non_finite_loss_is_reported_invalid_not_a_crash(tmp_path)
 
     import numpy as np
 
+    from ampbench.report.advice import recommendation
+    from ampbench.report.context import RunContext
     from ampbench.report.markdown import markdown_report
     from ampbench.runtime.files import atomic_write_json
-    from ampbench.tasks.contract import CLASSIFICATION
-    from ampbench.verdict.comparison import ArmReport, Outcomes, paired_statistics, tables
+    from ampbench.tasks.classification import CLASSIFICATION
+    from ampbench.verdict.comparison import ArmReport, Outcomes, paired_statistics
+    from ampbench.verdict.decisions import one_sided_level
     from ampbench.verdict.metrics import summarise_seeds
     from ampbench.verdict.stats import Margins, SeedNoise
+    from ampbench.verdict.tables import tables
+    from conftest import arm_summary
 
     def seed_metrics(delta_loss: float) -> dict[str, float]:
         return {"test_accuracy": 0.9, "test_loss": 0.3 + delta_loss, "delta_accuracy_vs_fp32": 0.0,
                 "delta_loss_vs_fp32": delta_loss, "agreement_vs_fp32": 1.0, "kl_vs_fp32": 0.0,
                 "max_abs_logit_diff_vs_fp32": 0.0, "test_ece": 0.05, "delta_ece_vs_fp32": 0.0}
 
-    train = {"samples_per_s": 100.0, "peak_memory_mb": 10.0, "skipped_steps": 0, "policy": {}}
     noise, margins = SeedNoise(0.001, 0.01, 0.01, 100), Margins(0.005, 0.02, "set", "set")
     correct = np.ones((3, 100), dtype=bool)
     ref = Outcomes({"correct": correct, "loss": np.full((3, 100), 0.3)}, True)
     reports = []
     for arm, losses in (("fp32", [0.0, 0.0, 0.0]), ("fp16_pure", [0.01, math.nan, 0.02])):
         per_seed = {s: seed_metrics(d) for s, d in enumerate(losses)}
-        report = ArmReport(arm, summary=summarise_seeds(per_seed), per_seed=per_seed, train=train)
-        loss = np.stack([np.full(100, 0.3 + d) for d in losses])
-        report.stats = paired_statistics(per_seed, Outcomes({"correct": correct, "loss": loss},
-                                                            math.isfinite(sum(losses))), ref, margins, noise, 0.95,
-                                         CLASSIFICATION)
+        report = ArmReport(arm_summary(arm), metrics=summarise_seeds(per_seed), per_seed=per_seed)
+        mine = Outcomes({"correct": correct, "loss": np.stack([np.full(100, 0.3 + d) for d in losses])},
+                        math.isfinite(sum(losses)))
+        finite = mine.finite and ref.finite
+        paired = [CLASSIFICATION.paired(mine.arrays, ref.arrays, level, finite)
+                  for level in (0.95, one_sided_level(0.95))]
+        report.stats = paired_statistics(per_seed, *paired, margins, noise, 0.95, CLASSIFICATION.deciding)
         reports.append(report)
-    comparison, speed, details = tables(reports, noise, margins)
+    comparison, speed, details = tables(reports, noise, margins, CLASSIFICATION.deciding)
     assert comparison["fp16_pure"]["loss_verdict"] == "invalid"
     assert comparison["fp16_pure"]["verdict"] == "invalid"  # non-finite logits: its predictions mean nothing
-    model = {"name": "small_cnn", "args": {}, "width": None, "parameters": 1, "flops_per_sample": 1}
-    text = markdown_report(reports, {a: {**comparison[a], **speed[a]} for a in comparison},
-                           {"model": model, "seeds": [0, 1, 2], "margins": margins, "noise": noise}, ("", ""))
+    merged = {a: {**comparison[a], **speed[a]} for a in comparison}
+    context = RunContext(model=reports[0].trained.model, margins=margins, noise=noise)
+    text = markdown_report(reports, merged, context, recommendation(merged, context))
     assert "Loss: not worse? **invalid**: a value is not finite" in text and "equivalent? invalid: a value" in text
     path = tmp_path / "details.json"
     atomic_write_json(path, details)

@@ -1,6 +1,7 @@
-"""The shape of the code, checked: one package talks to MLflow, the import graph has no cycles (type-only imports
-included), the stages do not import each other, modules and functions stay small, and the output layout in
-layout.py is the one dvc.yaml declares."""
+"""The shape of the code, checked: packages by concern one level deep, each mapping its modules; one package talks
+to MLflow; the import graph has no cycles between modules or between packages (type-only imports included); the
+stages do not import each other; modules and functions stay small; the output layout in config/layout.py is the one
+dvc.yaml declares."""
 
 from __future__ import annotations
 
@@ -60,18 +61,42 @@ def test_only_the_tracking_package_imports_mlflow():
 
 
 def test_the_library_has_no_import_cycles():
-    graph = _graph()
+    _no_cycle(_graph())
+
+
+def _no_cycle(graph: dict[str, set[str]]) -> None:
     done: set[str] = set()
 
-    def visit(module: str, path: list[str]) -> None:
-        assert module not in path, f"import cycle: {' → '.join(path[path.index(module):] + [module])}"
-        if module not in done:
-            for dep in sorted(graph[module]):
-                visit(dep, [*path, module])
-            done.add(module)
+    def visit(node: str, path: list[str]) -> None:
+        assert node not in path, f"import cycle: {' → '.join(path[path.index(node):] + [node])}"
+        if node not in done:
+            for dep in sorted(graph.get(node, ())):
+                visit(dep, [*path, node])
+            done.add(node)
 
-    for module in sorted(graph):
-        visit(module, [])
+    for node in sorted(graph):
+        visit(node, [])
+
+
+def test_the_packages_have_no_import_cycles():
+    """Layered: between packages (a top-level module counts as its own) the imports run one way."""
+    packages: dict[str, set[str]] = {}
+    for module, deps in _graph().items():
+        top = module.split(".")[0]
+        packages.setdefault(top, set()).update(d.split(".")[0] for d in deps if d.split(".")[0] != top)
+    _no_cycle(packages)
+    assert "training" in packages["stages"] and "stages" not in packages["training"]  # the graph is not empty
+
+
+def test_the_library_is_packages_one_level_deep():
+    """Every module lives in a package by concern, but the command line, the errors and the public surface."""
+    assert {p.name for p in SRC.glob("*.py")} == {"__init__.py", "cli.py", "errors.py"}
+    assert not [p for p in SRC.glob("*/*/__init__.py")], "packages inside packages"
+    for init in SRC.glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        modules = {p.stem for p in init.parent.glob("*.py")} - {"__init__", "__main__"}
+        assert all(f"``{m}``" in doc or f"``{m}.py``" in doc for m in modules), (
+            f"{init.relative_to(ROOT)}: its docstring maps {sorted(m for m in modules if f'``{m}' not in doc)}?")
 
 
 def test_the_cycle_finder_sees_imports_under_type_checking(tmp_path):

@@ -7,7 +7,8 @@ from ampbench.config.params import GradScalerParams, TrainParams
 from ampbench.data.splits import Split
 from ampbench.precision.policy import resolve_policy
 from ampbench.training import step
-from ampbench.training.loop import LoopConfig, fit, init_state, throughput
+from ampbench.training.loop import fit, init_state, throughput
+from ampbench.training.state import LoopConfig
 
 CPU = torch.device("cpu")
 

@@ -28,3 +28,15 @@ class ResumeRefused(AmpbenchError):
 class StoreError(AmpbenchError):
     """The MLflow tracking store failed (unreachable, corrupt, full)."""
 
+
+class ModelError(AmpbenchError):
+    """train.model cannot be built, or what it builds does not fit the data."""
+
+
+class Diverged(AmpbenchError):
+    """Training of one arm went numerically wrong; the message says how. ``culprit``: the first module that went
+    non-finite (``training.nonfinite.Culprit.to_dict``), ``activations``: the epoch's per-module table so far."""
+
+    def __init__(self, message: str, culprit: dict | None = None, activations: list | None = None):
+        super().__init__(message)
+        self.culprit, self.activations = culprit, activations or []

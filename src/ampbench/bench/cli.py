@@ -1,8 +1,10 @@
 """``ampbench bench``'s command line and its table (torch-free: ``--help`` stays instant); ``loop.py`` measures.
 
 Needs only torch and torchvision (a GPU box often has nothing else): run it as ``python -m ampbench.bench``
-with ``src/`` on PYTHONPATH, or as ``ampbench bench``. Everything is measured in one process, A/B interleaved
-round by round, after warm-up, as medians over timing windows with device synchronisation at window edges.
+with ``src/`` on PYTHONPATH, or as ``ampbench bench``. Everything is measured in one process by the speed stage's
+harness (``speed/harness.py``): interleaved round by round in alternating order after a warm-up round, each round's
+fastest timing window (device synchronisation at window edges), ratios as the median of per-round ratios with an
+interval.
 It prints a table, writes JSON, and exits non-zero only on an error — never because a number is slow.
 """
 
@@ -14,9 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ampbench.bench.config import BenchConfig, first_round_steps
+from ampbench.bench.config import BenchConfig
 from ampbench.config.arms import NAMES
 from ampbench.config.params import MODELS
+from ampbench.speed.budget import size_problem
 
 
 def _cell(row: dict[str, Any], key: str, spec: str, width: int) -> str:
@@ -35,30 +38,36 @@ def table(result: dict[str, Any]) -> str:
     c = result["config"]
     lines = [f"ampbench bench — {fp['device_name']}, torch {fp['torch_version']}, {result['date']}",
              f"model {c['model']} on {_inputs(c)}, batch {c['batch_size']}, "
-             f"{c['rounds']} interleaved rounds × {c['steps']} steps, windows of {c['window']} steps, "
-             f"warm-up {c['warmup_steps']} steps", "",
-             "Loop overhead (pipeline loop vs the tutorial's bare loop; one ratio per arm):"]
+             f"a warm-up round, then {c['rounds']} interleaved rounds × {c['steps']} steps, windows of {c['window']} "
+             f"steps (a round's fastest after its first), warm-up {c['warmup_steps']} steps", "",
+             "Loop overhead (bare loop ÷ pipeline loop, samples/s: the median over rounds, with its interval):"]
     for arm, o in result["loop_overhead"].items():
         if "skipped" in o:
             lines.append(f"  {arm:14s} skipped: {o['skipped']}")
         else:
             verdict = "OK" if o["meets_goal"] else "ABOVE GOAL"
+            if o["ratio"] is None:
+                lines.append(f"  {arm:14s} no timing window past the warm-up in any round: no ratio")
+                continue
+            low, high = o["ratio_ci"]
             lines.append(f"  {arm:14s} bare {o['bare_samples_per_s']:10,.0f}/s  "
                          f"pipeline {o['pipeline_samples_per_s']:10,.0f}/s  ratio {o['ratio']:.3f} "
-                         f"(goal ≤ {o['goal']:.2f})  {verdict}")
+                         f"[{low:.3f}, {high:.3f}] (goal ≤ {o['goal']:.2f})  {verdict}")
     lg = result["logging"]
     if lg["share"] is not None:
         lines.append(f"Logging: {lg['seconds'] * 1000:.1f} ms of {lg['train_seconds']:.2f} s training = "
                      f"{100 * lg['share']:.2f}% ({lg['backend']}; goal ≤ {100 * lg['goal']:.0f}%: "
                      f"{'OK' if lg['meets_goal'] else 'ABOVE GOAL'})")
-    lines += ["", f"{'arm':14s} {'samples/s':>12s} {'× fp32':>8s} {'× tf32':>8s} {'peak MB':>9s} {'mem × fp32':>10s} "
-              f"{'state B/param':>13s} {'16-bit FLOPs':>12s} {'TFLOP/s':>9s} {'of peak':>8s}"]
+    lines += ["", f"{'arm':14s} {'samples/s':>12s} {'× fp32':>8s} {'[interval]':>14s} {'× tf32':>8s} {'peak MB':>9s} "
+              f"{'mem × fp32':>10s} {'state B/param':>13s} {'16-bit FLOPs':>12s} {'TFLOP/s':>9s} {'of peak':>8s}"]
     for arm, a in result["arms"].items():
         if "skipped" in a:
             lines.append(f"{arm:14s} skipped: {a['skipped']}")
             continue
+        ci = a.get("speedup_vs_fp32_ci")
         cells = [_cell(a, "samples_per_s", ",.0f", 12), _cell(a, "speedup_vs_fp32", ".2f", 8),
-                 _cell(a, "speedup_vs_tf32", ".2f", 8), _cell(a, "peak_memory_mb", ",.0f", 9),
+                 (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "").rjust(14), _cell(a, "speedup_vs_tf32", ".2f", 8),
+                 _cell(a, "peak_memory_mb", ",.0f", 9),
                  _cell(a, "memory_vs_fp32", ".2f", 10), _cell(a, "state_bytes_per_parameter", ".1f", 13),
                  _cell(a, "low_precision_flop_share", ".0%", 12),
                  _cell(a, "achieved_tflops", ".3g", 9), _cell(a, "peak_share", ".1%", 8)]
@@ -78,7 +87,7 @@ def _cut_short(result: dict[str, Any]) -> list[str]:
     for phase, rows in (("throughput", result["arms"]), ("loop overhead", result["loop_overhead"])):
         for arm, row in rows.items():
             if row.get("cut_short"):
-                n, first = row["rounds_run"], first_round_steps(c["warmup_steps"], c["window"])
+                n, first = row["rounds_run"], c["warmup_steps"] + 2 * c["window"]
                 out.append(f"{arm} ({phase}): cut short by its {row['budget_s']:g} s budget: {row['steps_measured']} "
                            f"steps in {n} round{'s' * (n != 1)}, not {first} + "
                            f"{c['rounds']} × {c['steps']}" + ("; no timing window past the warm-up, so no speed"
@@ -128,12 +137,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every option that cannot measure, before anything is measured: one ``error:`` line and exit 2."""
+    for name in ("width", "image_size", "channels", "batch_size", "block_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
+    problem = size_problem(args.rounds, args.steps, args.window, args.warmup_steps, args.arm_budget)
+    if problem:
+        flag = {"seconds": "arm-budget"}.get(problem[0], problem[0].replace("_", "-"))
+        parser.error(f"--{flag}: {problem[1]}")
+    for option in ("arms", "overhead_arms"):
+        unknown = [a for a in getattr(args, option).split(",") if a not in NAMES]
+        if unknown:
+            parser.error(f"--{option.replace('_', '-')}: unknown arm {', '.join(unknown)} (arms: {', '.join(NAMES)})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    for name in ("width", "image_size", "channels", "batch_size", "steps", "rounds", "window", "block_size"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
+    _check(parser, args)
     model = "gpt" if args.task == "language_model" and args.model == BenchConfig.model else args.model
     cfg = BenchConfig(device=args.device, task=args.task, block_size=args.block_size, model=model,
                       width=args.width, image_size=args.image_size, channels=args.channels,

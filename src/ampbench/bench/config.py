@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ampbench.config.arms import BASELINE, MAIN
+from ampbench.speed.budget import Sizes
 
 OVERHEAD_GOAL = 1.03  # pipeline step time / bare loop step time
 LOGGING_GOAL = 0.02  # logging time / training time
@@ -39,9 +40,7 @@ class BenchConfig:
     # On CPU fp16 autocast can run at 1% of fp32 (AVX512-FP16 machines): without a budget it takes the whole bench.
     arm_budget: float | None = 20.0
 
-
-def first_round_steps(warmup_steps: int, window: int) -> int:
-    """Steps of a budgeted arm's round 0: through the warm-up to a window boundary, then one window. Windows are
-    counted from the round's start and only one that starts past the warm-up is kept, so warm-up + window steps
-    keep none when the window is the longer (warm-up 2, window 5: the one window starts at step 0)."""
-    return -(-warmup_steps // window) * window + window
+    def sizes(self) -> Sizes:
+        """What the speed harness runs: ``rounds`` measured rounds after a warm-up round (``ParamsError`` naming
+        the first size that cannot measure)."""
+        return Sizes(self.rounds, self.steps, self.window, self.warmup_steps, self.arm_budget)

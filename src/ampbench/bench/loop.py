@@ -1,14 +1,14 @@
-"""The measuring half of ``ampbench bench`` (imports torch): interleaved A/B rounds of the pipeline's loop, the
-tutorial's bare loop and every precision arm, as ``config.BenchConfig`` asks. Logs to MLflow only through
-``tracking``.
+"""``ampbench bench``'s measuring (imports torch): the speed harness (``speed/harness.py``, the one the speed stage
+uses) over every arm on synthetic data, and the bench's own rows: the pipeline's loop against the tutorial's bare
+loop, the time spent logging, the FLOPs by dtype and the bytes of state per parameter, as ``config.BenchConfig``
+asks. Logs to MLflow only through ``tracking``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
-import statistics
+import math
 import tempfile
 import time
 from dataclasses import asdict
@@ -29,12 +29,15 @@ from ampbench.models.builtins import unwrap
 from ampbench.models.factory import ModelSpec, build_for
 from ampbench.precision.optimizers import state_bytes
 from ampbench.precision.policy import resolve_device, resolve_policy
-from ampbench.runtime.hardware import fingerprint, peak_memory_mb, peak_tflops, reset_peak_memory
-from ampbench.speed.budget import Budget, prime
+from ampbench.runtime.hardware import fingerprint, peak_tflops
+from ampbench.speed import harness
+from ampbench.speed.harness import LoopArm, fastest_after_first
+from ampbench.speed.ratios import median_value, ratio, summarise
 from ampbench.tasks.resolve import resolve_task
 from ampbench.training.flops import count_step_flops
 from ampbench.training.instruments import WindowTimer
-from ampbench.training.loop import EpochRecord, LoopConfig, fit, init_state
+from ampbench.training.loop import init_state
+from ampbench.training.state import EpochRecord, LoopConfig, TrainState
 
 
 def _data(cfg: BenchConfig, n: int, device: torch.device, seed: int) -> Split:
@@ -70,98 +73,71 @@ def _meta(cfg: BenchConfig) -> dict:
     return {"input_shape": [cfg.channels, cfg.image_size, cfg.image_size], "classes": list(range(cfg.classes))}
 
 
-def _loop_cfg(cfg: BenchConfig, epochs: int) -> LoopConfig:
+def _loop_cfg(cfg: BenchConfig) -> LoopConfig:
     """The pipeline's train defaults (telemetry, divergence checks, scaler settings) at the bench's sizes."""
-    train = TrainParams(epochs=epochs, batch_size=cfg.batch_size, lr=1e-3, scheduler="constant", progress=False)
+    train = TrainParams(epochs=1, batch_size=cfg.batch_size, lr=1e-3, scheduler="constant", progress=False)
     return LoopConfig(train, warmup_steps=cfg.warmup_steps, timing_window=cfg.window, sync_debug=cfg.sync_debug,
                       task=_task(cfg))
 
 
-def _first(split: Split, steps: int, batch_size: int) -> Split:
-    """The first ``steps`` batches of ``split`` (all of it when it has no more)."""
-    n = steps * batch_size
-    return split if n >= len(split) else Split(split.x[:n], split.y[:n], split.norm)
+def pipeline_arm(cfg: BenchConfig, arm: str, device: torch.device, train: Split, val: Split,
+                 on_epoch: Callable[[EpochRecord, TrainState], None] | None = None) -> LoopArm:
+    """``arm`` through the pipeline's loop (``fit``: telemetry, divergence checks, bookkeeping, the per-epoch
+    hook); ArmUnavailable when the device cannot run it."""
+    policy = resolve_policy(arm, device)
+    policy.apply_backend_flags()
+    loop = _loop_cfg(cfg)
+    return LoopArm(policy, init_state(_model(cfg, device, policy), policy, loop, device), loop, train, val, on_epoch)
 
 
-class _PipelineArm:
-    """The pipeline's loop (``fit``: telemetry, divergence checks, bookkeeping, per-epoch logging hook on)."""
-
-    def __init__(self, cfg: BenchConfig, arm: str, device: torch.device, train: Split, val: Split,
-                 log_epoch: Callable[[dict, list], None]):
-        self.policy = resolve_policy(arm, device)
-        self.policy.apply_backend_flags()
-        self.cfg, self.train, self.val, self.log_epoch = cfg, train, val, log_epoch
-        self.state = init_state(_model(cfg, device, self.policy), self.policy, _loop_cfg(cfg, 1), device)
-        self.windows: list[float] = []
-        self.seconds = self.logging_seconds = 0.0
-        self.peak: dict[str, float] = {}
-
-    def round(self, steps: int, measured: bool = True) -> None:
-        self.policy.apply_backend_flags()
-        tcfg = _loop_cfg(self.cfg, self.state.epoch + 1)
-
-        def on_epoch(record: EpochRecord, _state) -> None:
-            if not measured:  # budget.prime's step: neither its windows nor its time count
-                return
-            self.windows.extend(record.windows)
-            self.seconds += record.epoch_seconds
-            t0 = time.perf_counter()
-            self.log_epoch(record.row(), record.steps)
-            self.logging_seconds += time.perf_counter() - t0
-
-        reset_peak_memory(self.train.x.device)
-        fit(self.state, _first(self.train, steps, self.cfg.batch_size), self.val, self.policy, tcfg,
-            on_epoch=on_epoch)
-        mem = peak_memory_mb(self.train.x.device)
-        self.peak = {k: max(v, self.peak.get(k, 0.0)) for k, v in mem.items()}
-
-
-class _BareArm:
+class BareArm:
     """The tutorial's loop, verbatim: same model, data, optimizer and precision, nothing else. It writes its own
-    forward, loss and step on purpose instead of calling ``step.train_step``: it is the reference the pipeline's
-    loop is timed against."""
+    forward, loss and step on purpose instead of calling ``training.step.train_step``: it is the reference the
+    pipeline's loop is timed against. A round does the same passes over the same batches as ``LoopArm``'s."""
 
     def __init__(self, cfg: BenchConfig, arm: str, device: torch.device, train: Split):
         self.policy = resolve_policy(arm, device)
         self.cfg, self.train, self.device = cfg, train, device
         self.model = _model(cfg, device, self.policy)
-        st = init_state(self.model, self.policy, _loop_cfg(cfg, 1), device)  # same optimizer/scaler settings
+        st = init_state(self.model, self.policy, _loop_cfg(cfg), device)  # same optimizer/scaler settings
         self.optimizer, self.scaler, self.gen = st.optimizer, st.scaler, st.generator
         self.x = self.policy.cast_input(train.x)
         self.timer = WindowTimer(device, cfg.window, cfg.warmup_steps)  # the same windows as the pipeline's loop
         self.steps = 0
 
-    @property
-    def windows(self) -> list[float]:
-        return self.timer.windows
-
-    def round(self, steps: int, measured: bool = True) -> None:
+    def round(self, steps: int) -> float | None:
         self.policy.apply_backend_flags()
-        n, bs = min(len(self.train), steps * self.cfg.batch_size), self.cfg.batch_size
-        perm = torch.randperm(len(self.train), generator=self.gen)[:n].to(self.device)
-        self.timer.start()
-        for start in range(0, n, bs):
-            idx = perm[start:start + bs]
-            x, y = self.x[idx], self.train.y[idx]
-            self.optimizer.zero_grad()
-            with self.policy.autocast():
-                logits = self.model(x)
-                # (N, classes) or (N, T, vocab) logits: one cross-entropy over the last dimension either way
-                loss = F.cross_entropy(logits.float().flatten(0, -2), y.flatten())
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.steps += 1
-            self.timer.tick(len(idx), self.steps if measured else 0)  # step 0 opens no window that is kept
+        bs = self.cfg.batch_size
+        n = min(len(self.train), steps * bs)
+        first = len(self.timer.windows)
+        for _ in range(math.ceil(steps / max(1, n // bs))):  # passes, as fit() makes them: a window per pass
+            perm = torch.randperm(n, generator=self.gen).to(self.device)
+            self.timer.start()
+            for start in range(0, n, bs):
+                self._step(perm[start:start + bs])
+        return fastest_after_first(self.timer.windows[first:])
+
+    def _step(self, idx: torch.Tensor) -> None:
+        x, y = self.x[idx], self.train.y[idx]
+        self.optimizer.zero_grad()
+        with self.policy.autocast():
+            logits = self.model(x)
+            # (N, classes) or (N, T, vocab) logits: one cross-entropy over the last dimension either way
+            loss = F.cross_entropy(logits.float().flatten(0, -2), y.flatten())
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.steps += 1
+        self.timer.tick(len(idx), self.steps)
 
 
-def _flop_rate(runner: _PipelineArm, train: Split, device_name: str, samples_per_s: float | None) -> dict[str, Any]:
+def _flop_rate(runner: LoopArm, train: Split, task, device_name: str,
+               samples_per_s: float | None) -> dict[str, Any]:
     """The arm's counted FLOPs per sample (one step, by dtype), its 16-bit share, achieved TFLOP/s and, on a GPU of
     ``hardware.GPU_PEAK_TFLOPS``, the share of its dense peak for the dtype most FLOPs ran in."""
     runner.policy.apply_backend_flags()
-    model = unwrap(runner.state.model)
     x, y = runner.policy.cast_input(train.x[:16]), train.y[:16]
-    counted = count_step_flops(model, runner.policy, x, y, _task(runner.cfg))
+    counted = count_step_flops(unwrap(runner.state.model), runner.policy, x, y, task)
     out = {"flops_per_sample": counted["per_sample"], "low_precision_flop_share": counted["low_precision_share"],
            "flop_dtype": counted["dominant_dtype"]}
     if samples_per_s and counted["per_sample"]:
@@ -170,10 +146,6 @@ def _flop_rate(runner: _PipelineArm, train: Split, device_name: str, samples_per
         if peak:
             out["peak_tflops"], out["peak_share"] = peak, out["achieved_tflops"] / peak
     return out
-
-
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
 
 
 def _logger(cfg: BenchConfig, workdir: Path, stack: contextlib.ExitStack) -> tuple[Callable[[dict, list], None], str]:
@@ -211,86 +183,75 @@ def measure(cfg: BenchConfig) -> dict[str, Any]:
     result["arms"] = _arm_ratios(cfg, device, train, val)
     if device.type == "cpu":
         result["memory_note"] = ("CPU: peak RSS is the process's high-water mark and never goes down, so it "
-                                 "cannot be attributed to one arm; memory ratios are given on CUDA only")
+                                 "cannot be attributed to one arm; peak memory and its ratios are given on CUDA only")
     return result
 
 
+class _Logged:
+    """The pipeline loop's per-epoch hook timed: the logging call's seconds against the epochs' training seconds."""
+
+    def __init__(self, log_epoch: Callable[[dict, list], None]):
+        self.log_epoch, self.logging_seconds, self.train_seconds = log_epoch, 0.0, 0.0
+
+    def __call__(self, record: EpochRecord, _state: TrainState) -> None:
+        self.train_seconds += record.epoch_seconds
+        t0 = time.perf_counter()
+        self.log_epoch(record.row(), record.steps)
+        self.logging_seconds += time.perf_counter() - t0
+
+
 def _loop_overhead(cfg: BenchConfig, device, train: Split, val: Split, log_epoch) -> dict[str, Any]:
-    """The pipeline's loop vs the bare loop, per overhead arm, interleaved A/B round by round."""
+    """Per overhead arm, the bare loop and the pipeline's loop through the harness (interleaved, alternating):
+    the median over rounds of bare ÷ pipeline samples/s, with its interval."""
     overhead = {}
     for arm in cfg.overhead_arms:
+        logged = _Logged(log_epoch)
         try:
-            pipe, bare = _PipelineArm(cfg, arm, device, train, val, log_epoch), _BareArm(cfg, arm, device, train)
+            runners = {"bare": BareArm(cfg, arm, device, train),
+                       "pipeline": pipeline_arm(cfg, arm, device, train, val, logged)}
         except ArmUnavailable as exc:
             overhead[arm] = {"skipped": str(exc)}
             continue
-        prime(cfg, [bare, pipe])
-        budget = Budget(cfg, None if cfg.arm_budget is None else 2 * cfg.arm_budget)  # two loops per round
-        for r in range(budget.total_rounds):
-            steps = budget.steps_for(r)
-            if not steps:
-                break
-            budget.run(steps, bare.round, pipe.round)
-        b, p = _median(bare.windows), _median(pipe.windows)
-        ratio = b / p if b and p else None
-        overhead[arm] = {"bare_samples_per_s": b, "pipeline_samples_per_s": p, "ratio": ratio,
-                         "goal": OVERHEAD_GOAL, "meets_goal": ratio is not None and ratio <= OVERHEAD_GOAL,
-                         "windows": [len(bare.windows), len(pipe.windows)],
-                         "logging_seconds": pipe.logging_seconds, "train_seconds": pipe.seconds,
-                         **budget.record()}
+        measured = harness.measure(runners, cfg.sizes())
+        r = ratio(measured.rounds["bare"], measured.rounds["pipeline"])
+        budgets = measured.budgets
+        overhead[arm] = {"bare_samples_per_s": median_value(measured.rounds["bare"]),
+                         "pipeline_samples_per_s": median_value(measured.rounds["pipeline"]),
+                         "ratio": r and r.interval.median, "ratio_ci": r and [r.interval.low, r.interval.high],
+                         "goal": OVERHEAD_GOAL, "meets_goal": r is not None and r.interval.median <= OVERHEAD_GOAL,
+                         "rounds": [sum(v is not None for v in measured.rounds[n]) for n in ("bare", "pipeline")],
+                         "logging_seconds": logged.logging_seconds, "train_seconds": logged.train_seconds,
+                         **budgets["pipeline"], "cut_short": budgets["bare"]["cut_short"] or
+                         budgets["pipeline"]["cut_short"]}
     return overhead
 
 
-def isolated_peaks(cfg: BenchConfig, device, train: Split, val: Split, arms: list[str]) -> dict[str, dict]:
-    """Each arm's peak memory with only its own model, gradients and optimizer state alive: build, one round,
-    free, next. (Resetting the peak counter only lowers it to what is allocated now, so measuring with every arm
-    alive would count the others' state too.) The data, the same for every arm, stays."""
-    peaks = {}
-    for arm in arms:
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        runner = _PipelineArm(cfg, arm, device, train, val, lambda row, steps: None)
-        # Resets the peak counter first. Under a budget two steps: the peak is reached by the second (the
-        # optimizer's state exists from the first).
-        runner.round(cfg.steps if cfg.arm_budget is None else min(cfg.steps, 2))
-        peaks[arm] = dict(runner.peak)
-        del runner
-    gc.collect()
-    return peaks
-
-
 def _arm_ratios(cfg: BenchConfig, device, train: Split, val: Split) -> dict[str, Any]:
-    """Every arm through the pipeline's loop, interleaved round by round; ratios to the baseline and tf32."""
+    """Every arm through the harness: the ratios to the baseline and tf32 with their intervals, then FLOPs, bytes
+    of state and (CUDA) peak memory with each arm alone."""
     arms: dict[str, Any] = {}
-    runners = {}
+    runners: dict[str, LoopArm] = {}
     for arm in cfg.arms:
         try:
-            runners[arm] = _PipelineArm(cfg, arm, device, train, val, lambda row, steps: None)
+            runners[arm] = pipeline_arm(cfg, arm, device, train, val)
         except ArmUnavailable as exc:
             arms[arm] = {"skipped": str(exc)}
-    prime(cfg, runners.values())
-    budgets = {name: Budget(cfg, cfg.arm_budget) for name in runners}
-    for r in range(cfg.rounds + (cfg.arm_budget is not None)):
-        for name in runners:  # by name: no loop variable keeps a runner alive after runners.clear()
-            steps = budgets[name].steps_for(r) if budgets[name].rounds_run == r else 0
-            if steps:
-                budgets[name].run(steps, runners[name].round)
-    arms.update({arm: {"samples_per_s": _median(r.windows), **budgets[arm].record()} for arm, r in runners.items()})
+    measured = harness.measure(runners, cfg.sizes())
+    for arm, row in summarise(measured.rounds)["arms"].items():
+        itself = {"speedup_vs_" + arm: 1.0} if arm in (BASELINE, TF32_REFERENCE) and row["samples_per_s"] else {}
+        arms[arm] = {**row, **itself, **measured.budgets[arm]}  # an arm against itself: the table's 1.00
     device_name = fingerprint(device)["device_name"]
-    for name in runners:  # by name, as above
-        arms[name].update(_flop_rate(runners[name], train, device_name, arms[name]["samples_per_s"]))
+    for name in list(runners):  # by name: no loop variable keeps a runner alive after runners.clear()
+        arms[name].update(_flop_rate(runners[name], train, _task(cfg), device_name, arms[name]["samples_per_s"]))
         st = runners[name].state  # weights, gradients and optimizer state, counted (the pure arms' point)
         arms[name]["state_bytes_per_parameter"] = state_bytes(st.model, st.optimizer)["per_parameter"]
-    names = list(runners)
     runners.clear()  # throughput needed every arm alive (interleaved rounds); memory needs each one alone
-    for arm, peak in isolated_peaks(cfg, device, train, val, names).items():
-        arms[arm].update(peak)
-    for row in arms.values():
+    peaks = harness.isolated_memory(lambda arm: pipeline_arm(cfg, arm, device, train, val), list(measured.rounds),
+                                    device, 2 * cfg.window)
+    for arm, peak in peaks.items():
+        arms[arm]["peak_memory_mb"] = peak
         for ref in (BASELINE, TF32_REFERENCE):
-            base = arms.get(ref, {})
-            if row.get("samples_per_s") and base.get("samples_per_s"):  # None: no window past the warm-up
-                row[f"speedup_vs_{ref}"] = row["samples_per_s"] / base["samples_per_s"]
-            if device.type == "cuda" and row.get("peak_memory_mb") and base.get("peak_memory_mb"):
-                row[f"memory_vs_{ref}"] = row["peak_memory_mb"] / base["peak_memory_mb"]
+            base = peaks.get(ref)
+            if peak and base:
+                arms[arm][f"memory_vs_{ref}"] = peak / base
     return dict(sorted(arms.items(), key=lambda kv: cfg.arms.index(kv[0])))

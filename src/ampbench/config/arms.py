@@ -1,6 +1,6 @@
 """The arm registry: every precision arm the pipeline knows, what it means, which one is the baseline.
 
-Torch-free, so params validation, the CLI and the report read it without importing torch; ``precision.py`` turns
+Torch-free, so params validation, the CLI and the report read it without importing torch; ``precision/policy.py`` turns
 an entry into torch objects (autocast context, GradScaler, backend flags). To add an arm, add one ``Arm`` here.
 """
 

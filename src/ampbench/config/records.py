@@ -1,7 +1,9 @@
 """The schemas of the JSON files one stage writes and the next reads: ``data/prepared/meta.json`` (prepare → train,
-evaluate), ``models/<arm>/summary.json`` and ``history.json`` (train → evaluate). Every field the reader uses, with
-its type, checked before anything is written, so a damaged or hand-edited file is one line naming the file and the
-field instead of a traceback halfway through a stage.
+evaluate), ``models/<arm>/summary.json`` and ``history.json`` (train → evaluate), ``reports/interleaved.json``
+(speed → evaluate). Every field the reader uses, with its type, checked before anything is written, so a damaged or
+hand-edited file is one line naming the file and the field instead of a traceback halfway through a stage; a field
+the code indexes has no default. The checked objects are what the evaluate stage and the report read (attributes,
+not keys); meta.json stays a dict, the form a Task's ``model_args(meta)`` receives.
 
 Strict types: a string where a number belongs is refused, not converted; a boolean is not a number. Fields the
 evaluate stage does not read may be added freely (``extra="allow"``): a newer train stage's summary still reads.
@@ -10,13 +12,14 @@ evaluate stage does not read may be added freely (``extra="allow"``): a newer tr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, RootModel, ValidationError
 
 from ampbench.errors import DataError
 
 Number = float | None
+M = TypeVar("M", bound=BaseModel)
 
 
 class _Strict(BaseModel):
@@ -24,7 +27,7 @@ class _Strict(BaseModel):
 
 
 class SeedSummary(_Strict):
-    run_id: str | None = None
+    run_id: str  # the seed's MLflow run, which evaluate attaches its test metrics to
     diverged: str | None = None
     checkpoint: str | None = None
     train_samples_per_s: Number = None
@@ -46,12 +49,35 @@ class SeedSummary(_Strict):
     float8: dict[str, Any] | None = None  # float8.record: recipe, each Linear layer converted or not and why
 
 
+class Hardware(_Strict):
+    """The device fingerprint (``runtime.hardware.fingerprint``); the keys compared across arms may be absent."""
+
+    device_name: str
+    device_type: str
+    cpu_16bit_flags: str = "none"  # CPUs: the 16-bit instructions it reports
+
+    def get(self, key: str) -> Any:
+        """A fingerprint key, None when this device has none (a CPU has no CUDA version)."""
+        return self.model_dump().get(key)
+
+
+class ModelRecord(_Strict):
+    """What ``models.factory`` built: its name and arguments, its parameters and FLOPs per sample."""
+
+    name: str
+    parameters: int
+    flops_per_sample: float
+    kind: str | None = None
+    width: int | None = None
+    args: dict[str, Any] = {}
+
+
 class ArmSummary(_Strict):
     arm: str
-    skipped: str | None
-    hardware: dict[str, Any]
-    model: dict[str, Any] | None = None
-    diverged: dict[str, str] | None = None
+    skipped: str | None  # why the device could not run it; None: it ran
+    hardware: Hardware
+    model: ModelRecord | None = None  # None only for an arm skipped before its model was built
+    diverged: dict[str, str] | None = None  # seed → why the guard stopped it
     ablation: bool = False
     policy: dict[str, Any] = {}
     epochs: int | None = None
@@ -69,6 +95,43 @@ class ArmSummary(_Strict):
     float8: dict[str, Any] | None = None
     first_nonfinite: dict[str, dict[str, Any]] = {}
     activations: list[dict[str, Any]] = []
+
+    @property
+    def ran(self) -> bool:
+        """Trained every seed to the end: neither skipped nor stopped by the divergence guard."""
+        return self.skipped is None and not self.diverged
+
+
+class ArmSpeed(_Strict):
+    """One arm's row of the speed stage (``speed.ratios.summarise``): samples/s per round and their median, its
+    ratio to fp32 (and tf32) round by round with the interval; the baseline has no ratio to itself."""
+
+    rounds: list[float | None]
+    samples_per_s: Number
+    speedup_vs_fp32: Number = None
+    speedup_vs_fp32_ci: list[float] | None = None
+    speedup_vs_tf32: Number = None
+    speedup_vs_tf32_ci: list[float] | None = None
+    ratios: list[float] = []
+    coverage: Number = None
+    unstable: bool = False
+    disagreeing_rounds: list[int] = []
+    peak_memory_mb: Number = None  # with only this arm alive (CUDA); set from SpeedResult.memory
+
+
+class SpeedResult(_Strict):
+    device: str  # the device it ran on, which must be the one the arms trained on
+    device_type: str
+    params: dict[str, Any]
+    arms: dict[str, ArmSpeed]
+    skipped: dict[str, str] = {}
+    budget: dict[str, dict[str, Any]] = {}
+    memory: dict[str, Number] = {}
+
+    def arm(self, name: str) -> ArmSpeed | None:
+        """``name``'s row with its isolated peak memory, or None when the speed stage did not time it."""
+        row = self.arms.get(name)
+        return None if row is None else row.model_copy(update={"peak_memory_mb": self.memory.get(name)})
 
 
 class PreparedMeta(_Strict):
@@ -89,11 +152,11 @@ class _History(RootModel[dict[str, list[dict[str, float | None]]]]):  # seed -> 
     model_config = ConfigDict(strict=True)
 
 
-def check(schema: type[BaseModel], raw: Any, path: Path, what: str, fix: str) -> Any:
-    """``raw`` (a parsed JSON file) if it fits ``schema``; else one DataError naming ``path``, the first wrong
+def check(schema: type[M], raw: Any, path: Path, what: str, fix: str) -> M:
+    """``raw`` (a parsed JSON file) as a ``schema`` object; else one DataError naming ``path``, the first wrong
     field and what it holds, ``what`` the file should be and ``fix``."""
     try:
-        schema.model_validate(raw)
+        return schema.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "the top level"
@@ -102,14 +165,14 @@ def check(schema: type[BaseModel], raw: Any, path: Path, what: str, fix: str) ->
         got = repr(err.get("input"))
         got = got if len(got) <= 60 else got[:57] + "..."
         raise DataError(f"{path}: field {field}: {err['msg']} (holds {got}); not {what}; {fix}") from None
-    return raw
 
 
 def check_meta(raw: Any, path: Path) -> dict[str, Any]:
+    """``raw`` (meta.json) checked; returned as the dict it is, which a Task's ``model_args`` reads."""
     meta = check(PreparedMeta, raw, path, "the meta.json the prepare stage wrote", "rerun prepare")
-    if meta.get("kind") != "tokens":
+    if meta.kind != "tokens":
         check(_ImageMeta, raw, path, "the meta.json the prepare stage wrote", "rerun prepare")
-    return meta
+    return raw
 
 
 class _ImageMeta(PreparedMeta):
@@ -118,15 +181,30 @@ class _ImageMeta(PreparedMeta):
     std: list[float]
 
 
-def check_history(raw: Any, path: Path, retrain: str) -> dict[str, Any]:
+def check_history(raw: Any, path: Path, retrain: str) -> dict[int, list[dict[str, float | None]]]:
+    """``raw`` (history.json), checked, as seed → its epochs' rows (the numbers as written: an epoch stays an int)."""
     check(_History, raw, path, "a history the train stage wrote", retrain)
-    return raw
+    return {int(seed): history for seed, history in raw.items()}
 
 
-def check_summary(raw: Any, path: Path, arm: str, retrain: str) -> dict[str, Any]:
-    """``raw`` (a parsed summary.json) if it has the shape and types above and belongs to ``arm``; else one
-    DataError naming ``path``, the first wrong field and what it holds."""
-    check(ArmSummary, raw, path, "a summary the train stage wrote", retrain)
-    if raw["arm"] != arm:
-        raise DataError(f"{path}: says it belongs to arm {raw['arm']!r}, but it is in {arm}'s folder; {retrain}")
-    return raw
+def check_summary(raw: Any, path: Path, arm: str, retrain: str) -> ArmSummary:
+    """``raw`` (a parsed summary.json) as an ``ArmSummary`` that belongs to ``arm``; else one DataError naming
+    ``path``, the first wrong field and what it holds."""
+    summary = check(ArmSummary, raw, path, "a summary the train stage wrote", retrain)
+    if summary.arm != arm:
+        raise DataError(f"{path}: says it belongs to arm {summary.arm!r}, but it is in {arm}'s folder; {retrain}")
+    if summary.skipped is None and summary.model is None:
+        raise DataError(f"{path}: field model is missing; not a summary the train stage wrote; {retrain}")
+    return summary
+
+
+def check_speed(raw: Any, path: Path, arms: list[str], device_name: str, rerun: str) -> SpeedResult:
+    """``raw`` (reports/interleaved.json) as a ``SpeedResult`` measured on the device the arms trained on, with
+    every arm of ``arms`` timed or skipped."""
+    result = check(SpeedResult, raw, path, "what the speed stage writes", rerun)
+    if result.device != device_name:
+        raise DataError(f"{path}: measured on {result.device!r}, but the arms trained on {device_name!r}; {rerun}")
+    missing = [a for a in arms if a not in result.arms and a not in result.skipped]
+    if missing:
+        raise DataError(f"{path}: no timing for {', '.join(missing)} of train.precisions; {rerun}")
+    return result

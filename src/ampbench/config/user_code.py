@@ -1,5 +1,5 @@
-"""The user's own code named in params as ``package.module:callable`` (a model or a data set factory): import it
-with one-line errors, and check that the file defining it is a DVC dependency of the stage that calls it.
+"""The user's own code named in params as ``package.module:callable`` (a data set factory, a model factory, a task):
+import it with one-line errors, and check that the file defining it is a DVC dependency of the stages that call it.
 
 Imported from the project root (the stages put it on ``sys.path``).
 """
@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any, Callable
 
-from ampbench.errors import AmpbenchError, ParamsError
+from ampbench.errors import AmpbenchError, DataError, ModelError, ParamsError
+
+FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")  # package.module:callable
 
 
 def first_line(exc: BaseException) -> str:
@@ -75,11 +78,21 @@ def import_callable(name: str, key: str, error: type[AmpbenchError]) -> Callable
     return fn
 
 
-def require_tracked(name: str, code: str, root: Path, key: str, code_key: str, stages: str,
-                    error: type[AmpbenchError]) -> None:
-    """The file defining ``name`` must lie in ``code`` (the ``code_key`` param: a path relative to the project
-    ``root``, as in dvc.yaml, where it is a dependency of ``stages``), so that editing it reruns them; ParamsError
-    naming the value to set otherwise."""
+# The params that may name code of yours → the param naming its file (a dependency in dvc.yaml), the stages that
+# depend on it, and the error class of a failure to import it.
+CODE_PARAMS = {"prepare.dataset": ("prepare.dataset_code", "the prepare stage", DataError),
+               "train.model": ("train.model_code", "the train stages", ModelError),
+               "train.task": ("train.task_code", "the train and evaluate stages", ParamsError)}
+
+
+def require_tracked(key: str, name: str, code: str, root: Path) -> None:
+    """When ``name`` (the value of param ``key``: a dataset, model or task) is your code
+    (``package.module:callable``), the file defining it must lie in its code param's path ``code`` (relative to
+    the project ``root``, as in dvc.yaml, where it is a dependency of the stages that import it), so that editing
+    it reruns them; ParamsError naming the value to set otherwise. A built-in has nothing to check."""
+    if not FACTORY.match(name):
+        return
+    code_key, stages, error = CODE_PARAMS[key]
     source = source_file(name, key, error)
     path = (root / code).resolve()
     if source is None or source == path or path in source.parents:

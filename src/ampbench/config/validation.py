@@ -6,16 +6,14 @@ the value and what is allowed, before any stage does work.
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 from pathlib import Path
 from typing import Any
 
 from ampbench.config.arms import BASELINE, conflicts
 from ampbench.config.params import DATASETS, IMAGE_MODELS, MODELS, Params
+from ampbench.config.user_code import FACTORY
 from ampbench.errors import ParamsError
-
-_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")  # package.module:callable
 
 
 def model_kind(name: str) -> str:
@@ -25,7 +23,7 @@ def model_kind(name: str) -> str:
         return "builtin"
     if name.startswith("torchvision.") and name.count(".") == 1 and name.removeprefix("torchvision.").isidentifier():
         return "torchvision"
-    if _FACTORY.match(name):
+    if FACTORY.match(name):
         return "factory"
     raise ValueError(f"{name!r} is none of: {' | '.join(MODELS)} | torchvision.<name> | package.module:callable")
 
@@ -38,7 +36,7 @@ def task_kind(name: str) -> str:
     anything else."""
     if name in TASKS:
         return "builtin"
-    if _FACTORY.match(name):
+    if FACTORY.match(name):
         return "factory"
     raise ValueError(f"{name!r} is none of: {' | '.join(TASKS)} | package.module:callable")
 
@@ -48,7 +46,7 @@ def dataset_kind(name: str) -> str:
     ValueError for anything else."""
     if name in DATASETS:
         return "builtin"
-    if _FACTORY.match(name):
+    if FACTORY.match(name):
         return "factory"
     raise ValueError(f"{name!r} is none of: {' | '.join(DATASETS)} | package.module:callable")
 

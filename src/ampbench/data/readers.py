@@ -2,7 +2,7 @@
 
 digits (ships with scikit-learn), synthetic (seeded, learnable prototypes), the torchvision sets read from the
 publishers' files in ``prepare.raw_dir`` (MNIST / Fashion-MNIST ``*-idx?-ubyte[.gz]``, the CIFAR-10 python
-tarball or its extracted folder; fetched only with ``prepare.download``), and through ``datasets.py``
+tarball or its extracted folder; fetched only with ``prepare.download``), and through ``user_data.py``
 ``imagefolder`` and a user factory ``package.module:callable``.
 """
 

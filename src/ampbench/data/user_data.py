@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ampbench.config.user_code import first_line, import_callable, require_tracked
+from ampbench.config.user_code import first_line, import_callable
 from ampbench.errors import DataError
 
 if TYPE_CHECKING:
@@ -263,12 +263,3 @@ def load_factory(p: PrepareParams) -> Raw:
         x, y = tensors["all"]
         return Raw(x, y, classes, scale, source=p.dataset)
     return Raw(None, None, classes, scale, tensors, source=p.dataset)
-
-
-def require_tracked_dataset(p: PrepareParams, root: Path) -> None:
-    """A dataset factory's code must lie in ``prepare.dataset_code`` (a dependency of prepare in dvc.yaml)."""
-    from ampbench.config.validation import dataset_kind
-
-    if dataset_kind(p.dataset) == "factory":
-        require_tracked(p.dataset, p.dataset_code, root, "prepare.dataset", "prepare.dataset_code",
-                        "the prepare stage", DataError)

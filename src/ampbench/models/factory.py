@@ -1,6 +1,6 @@
 """Turn ``train.model`` into a model: a built-in, any torchvision classifier by name, or the user's own factory.
 
-The three forms (``validation.model_kind``):
+The three forms (``config.validation.model_kind``):
 
 - ``small_cnn`` | ``resnet18`` | ``mlp`` | ``vit_tiny``: the built-ins (models.py), sized by ``train.width``;
 - ``torchvision.<name>``: a classification model of torchvision, built without pretrained weights for the data's
@@ -18,24 +18,20 @@ that does not fit the data fails with one line (``ModelError``); it returns what
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ampbench.config import user_code
 from ampbench.config.user_code import first_line, import_callable
 from ampbench.config.validation import model_kind
-from ampbench.errors import AmpbenchError
+from ampbench.errors import ModelError
 from ampbench.models import gpt
 from ampbench.models.builtins import build_builtin
+from ampbench.tasks.classification import CLASSIFICATION
+from ampbench.tasks.contract import Task
 
 CPU = torch.device("cpu")
-
-
-class ModelError(AmpbenchError):
-    """train.model cannot be built, or what it builds does not fit the data."""
 
 
 @dataclass(frozen=True)
@@ -61,15 +57,6 @@ class ModelSpec:
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ModelSpec:
         return cls(meta["name"], meta["width"], dict(meta["args"]))
-
-
-def require_tracked(spec: ModelSpec, model_code: str, root: Path) -> None:
-    """A factory's code must lie in ``train.model_code`` (a path relative to the project ``root``, as in dvc.yaml,
-    where it is a dependency of the train stages), so that editing it reruns them; ParamsError naming the value to
-    set otherwise. Nothing to check for the built-ins and torchvision models."""
-    if spec.kind == "factory":
-        user_code.require_tracked(spec.name, model_code, root, "train.model", "train.model_code", "the train stages",
-                                  ModelError)
 
 
 def _factory(name: str) -> Callable[..., Any]:
@@ -128,7 +115,7 @@ def _torchvision(spec: ModelSpec, shape: tuple[int, int, int], num_classes: int)
 
 
 @torch.no_grad()
-def _dry_forward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, contract: dict[str, Any], task) -> None:
+def _dry_forward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, contract: dict[str, Any], task: Task) -> None:
     """Forward ``x`` in training and in eval mode; raise ModelError unless both give what ``task`` trains on."""
     where = f"train.model {spec.name!r} on input {tuple(x.shape[1:])}"
     for mode in ("training", "eval"):
@@ -144,7 +131,7 @@ def _dry_forward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, contract: d
             raise ModelError(f"{where}: returns {wrong[0]} in {mode} mode; {wrong[1]}")
 
 
-def _dry_backward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, task) -> None:
+def _dry_backward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, task: Task) -> None:
     """One backward pass, as training will run it: catches layers whose gradient this device cannot compute, e.g.
     kernels without a deterministic version (AdaptiveAvgPool2d on CUDA) when train.deterministic is on."""
     model.train()
@@ -169,15 +156,12 @@ def flops_per_sample(model: nn.Module, sample: torch.Tensor) -> int:
 
 
 def inspect_model(spec: ModelSpec, samples: torch.Tensor, contract: dict[str, Any] | int,
-                  device: torch.device = CPU, task=None) -> dict[str, Any]:
+                  device: torch.device = CPU, task: Task = CLASSIFICATION) -> dict[str, Any]:
     """Build ``spec`` once for these samples (N ≥ 2) on ``device`` and check it before any work: a dry forward in
     training and eval mode, and one backward (with the caller's determinism settings). ``contract``: what the
     factory gets (``Task.model_args``; a class count stands for image classification on these samples). Returns
     its identity: name, kind, width, args, parameter count, FLOPs per sample. The random number generators are
     left as they were, so training afterwards is unchanged."""
-    from ampbench.tasks.contract import CLASSIFICATION
-
-    task = task or CLASSIFICATION
     if isinstance(contract, int):
         contract = {"input_shape": tuple(samples.shape[1:]), "num_classes": contract}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

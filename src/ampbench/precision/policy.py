@@ -1,10 +1,10 @@
-"""The one place that turns a precision arm (from the registry in ``arms.py``) into torch objects.
+"""The one place that turns a precision arm (from the registry in ``config/arms.py``) into torch objects.
 
 ``resolve_policy("fp16", device)`` returns a ``PrecisionPolicy``: the autocast context, the GradScaler, and the
 TF32 backend flags, or raises ``ArmUnavailable`` when the device cannot run the arm as named. The training loop
 uses whatever the policy hands it and never branches on the name.
 
-What each arm means is data in ``arms.py``; docs/precision-arms.md says it in words.
+What each arm means is data in ``config/arms.py``; docs/precision-arms.md says it in words.
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """What people read: the recommendation, the Markdown report, its numerics section, the figures, and verdicts
 across DVC experiments.
 
-- ``advice``: the recommendation, what limits an arm, the rerun lines that would decide or fix it.
-- ``markdown``: reports/report.md (its first screen answers the question) and the DVC plot rows.
+- ``context``: ``RunContext``: the run as a whole (task, data, model, seeds, device, margins, seed noise).
+- ``advice``: the ``Recommendation``, what keeps each arm from it, what limits an arm, the line that fixes one.
+- ``plans``: the sample-size plans as rerun lines (``-S`` settings), and their short form.
+- ``markdown``: reports/report.md: the first screen (the recommendation and one table), then the details.
+- ``details``: the details section: method, the full table, reasons, plans, throughput, what ran.
 - ``numerics``: the report's numerics: FLOPs by dtype, the first non-finite module, activations.
+- ``plots``: the DVC plot rows (curves.json, quality.json).
 - ``figures``: the PNG figures.
 - ``experiments``: ``ampbench compare``: what changed in params and results across DVC experiments.
 """

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from ampbench.config.arms import BASELINE
-from ampbench.report.markdown import CURVE_KEYS, has_scaler
+from ampbench.report.plots import CURVE_KEYS, has_scaler
 from ampbench.verdict.comparison import ArmReport
 
 
@@ -26,14 +26,14 @@ def accuracy_delta_figure(arms: list[ArmReport], margin_pp: float):
     ax.axvspan(-margin_pp, margin_pp, color="tab:green", alpha=0.12, label=f"±{margin_pp} pp margin")
     ax.axvline(0, color="grey", lw=0.8)
     for i, a in enumerate(ran):
-        acc = a.stats["delta_accuracy_vs_fp32"]
-        mean = 100 * acc["mean"]
-        if acc["ci_low"] is not None:
-            lo, hi = 100 * acc["ci_low"], 100 * acc["ci_high"]
+        acc = a.stats.accuracy.interval
+        mean = 100 * acc.mean
+        if acc.ci_low is not None:
+            lo, hi = 100 * acc.ci_low, 100 * acc.ci_high
             ax.errorbar(mean, i, xerr=[[mean - lo], [hi - mean]], fmt="o", capsize=4)
         else:
             ax.plot(mean, i, "o")
-        ax.annotate(a.stats["verdict"], (mean, i), textcoords="offset points", xytext=(0, 8), ha="center",
+        ax.annotate(a.stats.decided.verdict, (mean, i), textcoords="offset points", xytext=(0, 8), ha="center",
                     fontsize=8)
     ax.set_yticks(range(len(ran)), [a.arm for a in ran])
     ax.set_ylim(-0.7, len(ran) - 0.3)
@@ -86,7 +86,7 @@ def curves_figure(arms: list[ArmReport]):
 
 
 def quality_figure(rows: list[dict], comparison: dict[str, dict]):
-    """Validation loss against time per arm (``report.quality_rows``: steps × the speed stage's time per step),
+    """Validation loss against time per arm (``markdown.quality_rows``: steps × the speed stage's time per step),
     one colour per arm and a dash per seed; each arm's time to fp32's quality in its legend entry."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.6))

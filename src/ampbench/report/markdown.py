@@ -1,7 +1,10 @@
-"""Turn evaluated arms into what people read: the Markdown report and the DVC plot rows.
+"""reports/report.md. Its first screen answers the question — may I switch? — with the recommendation, then one
+table (arm, not worse?, Δ of the deciding metric [CI], speed × fp32 [CI], time to fp32's quality, memory × fp32,
+what would decide) and the code that adopts a recommended arm; everything else is said once, below the Details
+heading (``details.py``, ``numerics.py``).
 
-Only rendering: the numbers come from ``comparison.py`` (one ``ArmReport`` per arm and the merged comparison and
-speed rows), the recommendation and its reasons from ``advice.py``; the evaluate stage writes the files.
+Only rendering: the numbers come from ``verdict/`` (one ``ArmReport`` per arm, the merged comparison and speed rows),
+the recommendation and each arm's reason from ``advice.py``; the evaluate stage writes the file.
 """
 
 from __future__ import annotations
@@ -9,277 +12,65 @@ from __future__ import annotations
 from typing import Any
 
 from ampbench.config.arms import BASELINE
-from ampbench.report.advice import input_bound, plan_lines
+from ampbench.config.records import ModelRecord
+from ampbench.report import details
+from ampbench.report.advice import Recommendation, what_would_decide
+from ampbench.report.context import RunContext
 from ampbench.report.numerics import numerics_lines, short_count
-from ampbench.speed.ratios import rounds_text
-from ampbench.verdict.comparison import ArmReport, decided_by_loss
+from ampbench.verdict.comparison import ArmReport
 from ampbench.verdict.quality import text as quality_text
 
-CURVE_KEYS = ("train_loss", "val_loss", "val_accuracy", "loss_scale")
-# Also written to the DVC plot rows (not drawn in the PNG): the scaler and underflow story per epoch.
-PLOT_EXTRA_KEYS = ("grad_underflow_frac", "scaled_grad_underflow_frac", "grad_zero_frac", "grad_norm",
-                   "skipped_steps")
 
-
-def curve_rows(arms: list[ArmReport]) -> list[dict[str, Any]]:
-    """Long-format per-epoch rows (one per arm, seed and epoch) for ``dvc plots``; ``run`` names the line."""
-    rows = []
-    for a in arms:
-        # An arm without a scaler has no loss scale: null, which the plot leaves out (DVC needs the field in every
-        # row), rather than a constant 1 drawn beside fp16's 65,536.
-        scaled = has_scaler(a)
-        for seed, history in sorted(a.histories.items()):
-            for r in history:
-                rows.append({"run": f"{a.arm}-seed{seed}", "arm": a.arm, "seed": seed, "epoch": r["epoch"],
-                             **{k: r[k] for k in CURVE_KEYS + PLOT_EXTRA_KEYS if k in r},
-                             **({} if scaled else {"loss_scale": None})})
-    return rows
-
-
-def quality_rows(arms: list[ArmReport], batch_size: int) -> list[dict[str, Any]]:
-    """Validation loss against time for ``dvc plots`` and the figure (``quality.curve_rows``): time is optimizer
-    steps × each arm's time per step from the speed stage (the training processes' own seconds without it)."""
-    from ampbench.verdict.quality import curve_rows as quality_curve
-
-    rows = []
-    for a in arms:
-        if a.ran:
-            sps = a.speed.get("samples_per_s") if a.speed else None
-            rows += quality_curve(a.arm, a.evaluations, batch_size / sps if sps else None)
-    return rows
-
-
-def has_scaler(a: ArmReport) -> bool:
-    """Whether the arm trained with a GradScaler (what ran, read back from its summary)."""
-    return a.train.get("policy", {}).get("grad_scaler") == "on"
-
-
-def _fmt(x, spec: str, suffix: str = "") -> str:
-    return "n/a" if x is None else f"{x:{spec}}{suffix}"
-
-
-def model_line(model: dict[str, Any]) -> str:
+def model_line(model: ModelRecord) -> str:
     """The model's identity in words: name, arguments, parameters, FLOPs per sample."""
-    args = ", ".join(f"{k}={v}" for k, v in model.get("args", {}).items())
-    width = f", width {model['width']}" if model.get("width") is not None else ""
-    return (f"`{model['name']}`{f' ({args})' if args else ''}{width}: {short_count(model['parameters'])} parameters, "
-            f"{short_count(model['flops_per_sample'])} FLOPs per sample (forward)")
+    args = ", ".join(f"{k}={v}" for k, v in model.args.items())
+    width = f", width {model.width}" if model.width is not None else ""
+    return (f"`{model.name}`{f' ({args})' if args else ''}{width}: {short_count(model.parameters)} parameters, "
+            f"{short_count(model.flops_per_sample)} FLOPs per sample (forward)")
 
 
-def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any],
-                    advice: tuple[str, str]) -> str:
-    """The report: ``advice`` (the recommendation line and the code that adopts it, ``advice.recommendation``),
-    the table a person reads first (arm, Δaccuracy with CI, verdict, speed ×, memory ×, skipped steps), then the
-    reasons for each verdict, throughput, what ran, and the numerics."""
-    rec, code = advice
-    lines = ["# ampbench: mixed precision vs strict fp32", "", rec,
-             *([""] + ["```python", code, "```"] if code else []), "",
-             f"Model {model_line(context['model'])}.", "", _method(context), ""]
-    by_loss = decided_by_loss(context.get("task"))
-    lines += _loss_table(arms, comparison, context) if by_loss else _table(arms, comparison, context)
-    lines += ["", "Why each verdict:", ""]
-    for a in arms:
-        if a.ran and a.arm != BASELINE:
-            st, task = a.stats, context.get("task")
-            first, second = ("loss", "accuracy") if by_loss else ("accuracy", "loss")
-            name = {"accuracy": getattr(task, "accuracy_label", "accuracy"),
-                    "loss": getattr(task, "loss_label", "loss")}
-            lines.append(f"- **{a.arm}**: " + " ".join(
-                f"{name[m].capitalize()}: not worse? **{st[f'{m}_not_worse']}**: {st[f'{m}_not_worse_reason']}; "
-                f"equivalent? {st[f'{m}_verdict']}: {st[f'{m}_verdict_reason']}." for m in (first, second)))
-    lines += _plans(arms, comparison, context)
-    lines += _throughput(arms, comparison)
-    lines += ["", "What ran per arm (read back from torch):", ""]
-    base_state = next((a.train.get("state_bytes") for a in arms if a.arm == BASELINE and a.ran), None)
-    for a in arms:
-        if a.ran:
-            ran = ", ".join(f"{k}={v}" for k, v in a.train.get("policy", {}).items() if k != "precision")
-            lines.append(f"- **{a.arm}**: {ran}" + "".join(f"; {part}" for part in what_ran(a.train, base_state)))
+def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context: RunContext,
+                    rec: Recommendation) -> str:
+    """The report: the recommendation's headline and the first table (``first_table``), the code that adopts a
+    recommended arm, then the details: model and method, the full table, the reasons, the plans, throughput, what
+    ran, the numerics. ``comparison``: the merged comparison and speed rows per arm."""
+    lines = ["# ampbench: mixed precision vs strict fp32", "", rec.headline, "",
+             *first_table(arms, comparison, context, rec)]
+    if rec.code:
+        lines += ["", "In your own training step:", "", "```python", rec.code, "```"]
+    lines += ["", "## Details", "", f"Model {model_line(context.model)}.", "", details.method(context), ""]
+    lines += details.full_table(arms, comparison, context)
+    lines += details.reasons(arms, context)
+    lines += details.plans(arms, comparison, context)
+    lines += details.throughput(arms, comparison)
+    lines += details.ran_lines(arms)
     lines += numerics_lines(arms, comparison)
-    if context.get("note"):
-        lines += ["", context["note"]]
+    if context.note:
+        lines += ["", context.note]
     return "\n".join(lines) + "\n"
 
 
-def _method(context: dict[str, Any]) -> str:
-    """The paragraph that says what was compared, how the intervals are made and what each verdict means."""
-    seeds = context.get("seeds", [])
-    conf = int(round(100 * context.get("confidence", 0.95)))
-    margins, noise = context["margins"], context["noise"]
-    acc_margin = f"±{100 * margins.accuracy:.2f} pp" + (" (auto: fp32's seed sd)" if margins.accuracy_rule == "auto"
-                                                         else "")
-    loss_margin = f"±{margins.loss:.3f} nats" + (" (auto)" if margins.loss_rule == "auto" else "")
-    floor = ("fp32's seed-to-seed variation: one seed only, unknown" if noise.accuracy_sd is None else
-             f"fp32's own seed-to-seed variation: test accuracy sd {100 * noise.accuracy_sd:.2f} pp, test loss sd "
-             f"{noise.loss_sd:.4f} nats; two fp32 seeds disagree on {100 * noise.disagreement:.2f}% of test "
-             "predictions")
-    if decided_by_loss(context.get("task")):
-        return (f"Data `{context.get('dataset')}`, device `{context.get('device_name')}`, {len(seeds)} seed(s) "
-                f"{seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same seed on the same "
-                f"test sequences. The {conf}% intervals of Δloss (nats per token) and Δ next-token accuracy use every "
-                "seed's per-sequence paired outcomes (sequences and seeds as clusters; docs/verdict.md). The verdict "
-                f"is the loss's: *equivalent* when both one-sided {conf}% bounds lie within ±{margins.loss:.3f} nats "
-                f"per token{' (auto)' if margins.loss_rule == 'auto' else ''} (two one-sided tests; next-token "
-                f"accuracy: {acc_margin}; the ends included), *worse*/*better* when wholly outside, *invalid* when a "
-                "value is not finite, else "
-                f"*inconclusive*. {_not_worse_sentence(conf)} "
-                f"{floor.replace('predictions', 'next-token predictions')}.")
-    return (f"Data `{context.get('dataset')}`, device `{context.get('device_name')}`, "
-            f"{len(seeds)} seed(s) {seeds}, {context.get('epochs')} epoch(s). Test split. Δ = arm − fp32 of the same "
-            f"seed on the same test examples. The {conf}% intervals of Δaccuracy and Δloss use every seed's "
-            "per-example paired outcomes (a score interval on the discordant pairs, widened when the same examples "
-            "flip in every seed, joined with the Student-t interval over the per-seed differences; docs/verdict.md)."
-            f" Verdict: *equivalent* when both one-sided {conf}% bounds lie within the margin (two one-sided tests; "
-            f"accuracy {acc_margin}, loss {loss_margin}; the ends included), *worse*/*better* when wholly outside, "
-            f"*invalid* when a value is not finite, else *inconclusive*. {_not_worse_sentence(conf)} {floor}.")
+FIRST_TABLE_COLUMNS = ("arm", "not worse?", "Δ [CI]", "speed × fp32 [CI]", "time to fp32's quality × fp32",
+                       "memory × fp32", "what would decide")
 
 
-def _plans(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> list[str]:
-    """What would decide each undecided verdict: the sample-size plans (``advice.plan_lines``)."""
-    planned = [(a.arm, comparison[a.arm]["plans"]) for a in arms
-               if a.ran and a.arm != BASELINE and comparison[a.arm].get("plans")]
-    if not planned:
-        return []
-    lines = ["", "What would decide the verdicts that did not (sample-size plans: the power of the verdicts' own "
-             "procedure under the seed and example variation this run showed; docs/verdict.md):", ""]
-    for arm, plans in planned:
-        lines += [f"- {line}" for line in plan_lines(arm, plans, context)]
-    return lines
-
-
-def _not_worse_sentence(conf: int) -> str:
-    """What *not worse* means: the question the recommendation asks (non-inferiority)."""
-    return (f"*Not worse* asks whether anything degraded, and decides the recommendation: the one-sided {conf}% "
-            "bound on the bad side (accuracy's lower, loss's upper) is within the margin, so a better arm is not "
-            "worse; *worse* when even the other bound is past it.")
-
-
-def _table(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> list[str]:
-    """The main table of a task whose verdict is its accuracy's (image classification): one row per arm."""
-    conf = int(round(100 * context.get("confidence", 0.95)))
-
-    def row(a: ArmReport, c: dict[str, Any]) -> str:
-        base = a.arm == BASELINE
-        delta = "—" if base else _with_ci(c, "delta_accuracy_pp", "+.2f")
-        flips = ("—" if base else
-                 f"{c['fp32_right_arm_wrong']} / {c['arm_right_fp32_wrong']} of {c['paired_examples']}")
-        dloss = f"{c['delta_loss']:+.4f}" if base else _with_ci(c, "delta_loss", "+.4f")
-        return (f"**{c['not_worse']}** | {c['verdict']} | {delta} | {flips} | {'—' if base else c['vs_seed_noise']} "
-                f"| {100 * c['test_accuracy']:.2f}% | {c['loss_verdict']} | {dloss} "
-                f"| {100 * c['agreement_vs_fp32']:.2f}% | {c['kl_vs_fp32']:.2e} | {c['delta_ece']:+.4f}")
-
-    return _arm_table(arms, comparison, f"not worse? | equivalent? | Δaccuracy, pp [{conf}% CI] "
-                      "| right only in fp32 / only in arm "
-                      "| vs fp32 seed noise | test accuracy | loss verdict | Δloss [CI] | agreement | KL(fp32‖arm) "
-                      "| ΔECE", row)
-
-
-def _loss_table(arms: list[ArmReport], comparison: dict[str, dict], context: dict[str, Any]) -> list[str]:
-    """The main table of a task whose verdict is its loss's (a language model: nats per token)."""
-    conf = int(round(100 * context.get("confidence", 0.95)))
-
-    task = context.get("task")
-
-    def row(a: ArmReport, c: dict[str, Any]) -> str:
-        base = a.arm == BASELINE
-        return (f"**{c['not_worse']}** | {c['verdict']} | {'—' if base else _with_ci(c, 'delta_loss', '+.4f')} "
-                f"| {'—' if base else c['vs_seed_noise']} | {c['test_loss']:.4f} | {_fmt(c.get('perplexity'), '.3f')} "
-                f"| {100 * c['test_accuracy']:.2f}% | {c['accuracy_verdict']} "
-                f"| {'—' if base else _with_ci(c, 'delta_accuracy_pp', '+.2f')} | {100 * c['agreement_vs_fp32']:.2f}% "
-                f"| {c['kl_vs_fp32']:.2e}")
-
-    return _arm_table(arms, comparison, f"not worse? | equivalent? | Δloss, nats/token [{conf}% CI] "
-                      "| vs fp32 seed noise "
-                      f"| {task.loss_label} | perplexity | {task.accuracy_label} | accuracy verdict "
-                      "| Δaccuracy, pp [CI] | agreement | KL(fp32‖arm)", row)
-
-
-def what_ran(train: dict[str, Any], base_state: dict[str, Any] | None) -> list[str]:
-    """The optimizer (class and how it writes low-precision weights), the counted bytes of weights, gradients and
-    optimizer state, and float8's converted and left-out Linear layers, as phrases for an arm's "what ran" line."""
-    parts = []
-    opt, state, f8 = train.get("optimizer"), train.get("state_bytes"), train.get("float8")
-    if opt:
-        parts.append(f"optimizer {opt['optimizer_class']}, {opt['optimizer_rounding']}")
-    if state and state.get("per_parameter"):
-        vs = (f", {state['total'] / base_state['total']:.2f}× fp32's" if base_state and base_state.get("total")
-              else "")
-        parts.append(f"weights + gradients + optimizer state {state['per_parameter']:.1f} bytes per parameter "
-                     f"({state['total'] / 2**20:,.2f} MiB{vs}; counted tensor by tensor)")
-    if f8:
-        rows = f8["modules"]
-        left = [f"{r['module']} ({r['reason']})" for r in rows if not r["converted"]]
-        parts.append(f"float8 {f8['recipe']}: {f8['converted']} of {f8['linear_layers']} Linear layers converted ("
-                     + ", ".join(r["module"] for r in rows if r["converted"]) + ")"
-                     + (f", left out: {', '.join(left[:6])}{' …' if len(left) > 6 else ''}" if left else ""))
-    return parts
-
-
-def _arm_table(arms: list[ArmReport], comparison: dict[str, dict], columns: str, row) -> list[str]:
-    """A row per arm: ``row(arm, its comparison row)`` gives the task's columns, then speed, memory and skipped
-    steps; a skipped or diverged arm says why."""
-    header = (f"| arm | {columns} | speed × fp32 | time to fp32 quality × fp32 | speed × tf32 | memory × fp32 "
-              "| skipped steps |")
-    lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
+def first_table(arms: list[ArmReport], comparison: dict[str, dict], context: RunContext,
+                rec: Recommendation) -> list[str]:
+    """One row per arm, the columns of ``FIRST_TABLE_COLUMNS`` (Δ: of the deciding metric, with its two-sided
+    interval); a skipped or diverged arm says why in the last column."""
+    conf = int(round(100 * context.confidence))
+    delta = f"Δloss, nats/token [{conf}% CI]" if context.by_loss else f"Δaccuracy, pp [{conf}% CI]"
+    head = [delta if c == "Δ [CI]" else c for c in FIRST_TABLE_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in arms:
         name = f"{a.arm} (ablation)" if a.ablation else a.arm
         if not a.ran:
-            lines.append(f"| {name} | **{a.status}** | {a.skipped_reason} |" + " |" * (header.count(" | ") - 2))
+            lines.append(f"| {name} | **{a.status}** | — | — | — | — | {a.skipped_reason} |")
             continue
-        c = comparison[a.arm]
-        lines.append(f"| {name} | {row(a, c)} | {_speed_cell(c)} | {quality_text(a.quality)} "
-                     f"| {_fmt(c.get('speedup_vs_tf32'), '.2f', '×')} | {_fmt(c.get('memory_vs_fp32'), '.2f', '×')} "
-                     f"| {c['skipped_steps']} |")
-    return lines
-
-
-def _speed_cell(c: dict[str, Any]) -> str:
-    """× fp32 with its interval over the speed stage's rounds (and *unstable* when wide)."""
-    text = _fmt(c.get("speedup_vs_fp32"), ".2f", "×")
-    if c.get("speedup_vs_fp32_ci_low") is not None:
-        text += f" [{c['speedup_vs_fp32_ci_low']:.2f}, {c['speedup_vs_fp32_ci_high']:.2f}]"
-    return text + (" unstable" if c.get("speed_unstable") else "")
-
-
-def _with_ci(c: dict[str, Any], key: str, spec: str) -> str:
-    """``c[key]`` with its interval ``[key_ci_low, key_ci_high]`` when there is one."""
-    ci = "" if c.get(f"{key}_ci_low") is None else f" [{c[f'{key}_ci_low']:{spec}}, {c[f'{key}_ci_high']:{spec}}]"
-    return f"{_fmt(c.get(key), spec)}{ci}"
-
-
-def _throughput(arms: list[ArmReport], comparison: dict[str, dict]) -> list[str]:
-    """Throughput (interleaved and training-time), peak memory and input wait per arm; a line for each unstable
-    or input-bound arm."""
-    base = comparison.get(BASELINE, {})
-    interleaved = base.get("speed_source") == "interleaved"
-    lines = ["", ("Speed: every arm timed in one process by the speed stage, interleaved round by round (A B C, "
-                  "C B A, …), so other load on the machine lands on every arm alike: the median over rounds of each "
-                  "round's ratio to fp32, with a distribution-free interval over rounds. Training-time throughput "
-                  "(each arm in its own process, at its own time) is the secondary figure." if interleaved else
-                  "Speed from training time: each arm timed in its own process at its own time, so other load on the "
-                  "machine can land on one arm and not another (no reports/interleaved.json: run the speed stage)."),
-             "", "Time to fp32 quality: the optimizer steps until an arm's validation loss first reaches fp32's final "
-             "validation loss of the same seed (within the loss margin), × its time per step above, as a ratio to "
-             "fp32's own (< 1: sooner; the median over seeds, or how many seeds never got there; per seed in "
-             "details.json, curves in figures/time_to_quality.png and `dvc plots show`).",
-             "", "Throughput, peak memory, and the share of training time spent waiting for the next batch:", ""]
-    for a in arms:
-        if a.ran:
-            c = comparison[a.arm]
-            wait = c.get("input_wait_share")
-            path = a.train.get("input_path")
-            during = (f" (during training {c['train_samples_per_s']:,.0f}, "
-                      f"{_fmt(c.get('train_speedup_vs_fp32'), '.2f', '×')} fp32)" if interleaved else "")
-            lines.append(f"- **{a.arm}**: {_fmt(c.get('samples_per_s'), ',.0f')} samples/s{during}, peak memory "
-                         f"{c['peak_memory_mb']:,.0f} MB" + (f", input {path}" if path else "")
-                         + (f", waiting for batches {100 * wait:.1f}% of the time" if wait is not None else ""))
-            if c.get("speed_unstable"):
-                lines.append(f"- **{a.arm}'s speed is unstable**: its interval over rounds is wider than ±10% of "
-                             f"its median; {rounds_text(a.speed)} (timing noise from other load, frequency scaling "
-                             "or a shared host): more speed.rounds, or a quieter machine, narrow it")
-    for arm in input_bound(comparison):
-        share = comparison[arm]["input_wait_share"]
-        lines.append(f"- **{arm} is input-bound**: it waited for batches {100 * share:.0f}% of its training time, so "
-                     "its speed shows the input pipeline, not its precision. More "
-                     "train.loader_workers, train.data_on_device: true (if it fits) or a larger batch help.")
+        c: dict[str, Any] = comparison[a.arm]
+        d = ("—" if a.arm == BASELINE else details.with_ci(c, "delta_loss", "+.4f") if context.by_loss
+             else details.with_ci(c, "delta_accuracy_pp", "+.2f"))
+        lines.append(f"| {name} | **{c['not_worse']}** | {d} | {details.speed_cell(c)} | {quality_text(a.quality)} "
+                     f"| {details.fmt(c.get('memory_vs_fp32'), '.2f', '×')} "
+                     f"| {what_would_decide(a.arm, c, rec, context)} |")
     return lines

@@ -4,6 +4,7 @@
 - ``preflight``: what the train stage checks before any work; a large request's plan.
 - ``outputs``: ``SeedJob`` and ``ArmOutputs``: every side effect of training (files, runs, log lines; rank 0).
 - ``resume``: when a checkpoint may be continued; the progress record; reuse of finished seeds.
-- ``speed``: the speed stage: the harness on the user's model and data; its result checked for evaluate.
-- ``evaluate``: the evaluate stage: predict every arm and seed, the verdicts, the reports, MLflow.
+- ``speed``: the speed stage: the harness (``speed/``) on the user's model, data and input path.
+- ``evaluate``: the evaluate stage: predict every arm and seed, the verdicts, the reports.
+- ``runs``: what the evaluate stage puts into MLflow (seed runs, the parent run), and logging it.
 """

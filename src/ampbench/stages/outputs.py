@@ -27,7 +27,7 @@ from ampbench.runtime.hardware import fingerprint
 from ampbench.stages import resume
 from ampbench.tasks.contract import Task
 from ampbench.training import checkpoint
-from ampbench.training.loop import EpochRecord, TrainState
+from ampbench.training.state import EpochRecord, TrainState
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class ArmOutputs:
     def seed_files(self, job: SeedJob, final: dict[str, Any], records: list[EpochRecord],
                    activations: list[dict]) -> list[Path]:
         """The seed's files under models/<arm>/: final checkpoint, history, per-layer telemetry, and its activation
-        table (the seed's epochs merged, ``activations.merge_tables``)."""
+        table (the seed's epochs merged, ``training.activations.merge_tables``)."""
         if not self.enabled:
             return []
         files = self.files

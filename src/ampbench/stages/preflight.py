@@ -20,7 +20,7 @@ from ampbench.runtime import distributed
 from ampbench.runtime.determinism import set_deterministic
 from ampbench.tasks.contract import Task
 from ampbench.training.flops import count_step_flops
-from ampbench.training.loop import EpochRecord
+from ampbench.training.state import EpochRecord
 
 
 def check_steps(params: Params, data: Prepared, world: distributed.World) -> None:

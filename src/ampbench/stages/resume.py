@@ -1,8 +1,8 @@
 """Resume policy of the train stage: when a checkpoint may be continued, and what it carries besides the state.
 
-After every epoch each seed of an unfinished arm has a checkpoint under ``.resume/<arm>/seed<N>.pt``: the
-training state (``checkpoint.py``) plus a ``SeedProgress`` record: the epochs so far, the MLflow run id, and, once the
-seed is done, its summary record. Run the stage again with the same params, data and code (the resume key) and
+After every epoch each seed of an unfinished arm has a checkpoint under ``.resume/<arm>/seed<N>.pt``: the training
+state (``training/checkpoint.py``) plus a ``SeedProgress`` record: the epochs so far, the MLflow run id, and, once
+the seed is done, its summary record. Run the stage again with the same params, data and code (the resume key) and
 a seed continues from its last epoch in the same MLflow run; a finished seed is reused, not retrained. A
 checkpoint of another arm is refused outright; one written with other params, data or code is ignored.
 """
@@ -19,7 +19,7 @@ from ampbench.config.params import TrainParams
 from ampbench.errors import ResumeRefused
 from ampbench.runtime.files import json_digest
 from ampbench.training import checkpoint
-from ampbench.training.loop import EpochRecord, TrainState
+from ampbench.training.state import EpochRecord, TrainState
 
 # Train params that do not change what training computes: a checkpoint stays resumable across them.
 NOT_IN_KEY = ("progress", "precisions", "seeds")

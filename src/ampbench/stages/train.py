@@ -3,7 +3,7 @@
 ``train_arm`` resolves the device and the arm's policy (an arm the device cannot run is recorded as skipped, never
 run as something else) and trains each seed as a ``SeedJob``. When a seed is resumed or reused is the policy of
 ``resume.py``; every side effect (files under models/<arm>/, resume checkpoints, MLflow, log lines) goes through
-``ArmOutputs`` (``arm_outputs.py``), which does nothing on DDP ranks other than 0.
+``ArmOutputs`` (``outputs.py``), which does nothing on DDP ranks other than 0.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ampbench.config.layout import ArmFiles
 from ampbench.config.params import Params
 from ampbench.data.loader import batches_per_epoch
 from ampbench.data.prepare import load_prepared
-from ampbench.errors import AmpbenchError, ArmUnavailable, StoreError
+from ampbench.errors import AmpbenchError, ArmUnavailable, Diverged, StoreError
 from ampbench.precision.policy import describe_line, resolve_device, resolve_policy
 from ampbench.report.advice import fix_line
 from ampbench.runtime import distributed
@@ -31,8 +31,9 @@ from ampbench.tasks.resolve import resolve_task
 from ampbench.training import checkpoint
 from ampbench.training.activations import merge_tables
 from ampbench.training.flops import count_step_flops
-from ampbench.training.instruments import Diverged, epoch_line
-from ampbench.training.loop import EpochRecord, LoopConfig, TrainState, build_run, fit, memory_format, throughput
+from ampbench.training.instruments import epoch_line
+from ampbench.training.loop import build_run, fit, memory_format, throughput
+from ampbench.training.state import EpochRecord, LoopConfig, TrainState
 
 
 def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_root: Path, tags: dict[str, str],

@@ -1,6 +1,6 @@
 """The language-model task (``train.task: language_model``): next-token prediction over byte-level text.
 
-Data: the prepared token streams (``prepare.dataset: text``, ``text.py``), cut into non-overlapping sequences of
+Data: the prepared token streams (``prepare.dataset: text``, ``data/text.py``), cut into non-overlapping sequences of
 ``train.block_size`` tokens, each with its next tokens as targets. Model contract: ``build(vocab_size,
 block_size, **train.model_args)`` returns a module mapping (N, T) token ids to (N, T, vocab_size) logits, or to an
 object whose ``.logits`` are (a Hugging Face causal LM). Loss: cross-entropy per token, in nats. Accuracy: the
@@ -20,7 +20,7 @@ from torch import nn
 from ampbench.data.splits import Prepared, Split
 from ampbench.data.text import sequences
 from ampbench.errors import DataError
-from ampbench.models.builtins import unwrap
+from ampbench.precision.policy import PrecisionPolicy
 from ampbench.tasks.contract import SeedEvaluation, Task
 
 DEFAULT_BLOCK_SIZE = 64  # train.block_size when null (nanoGPT's character-level CPU recipe)
@@ -86,11 +86,12 @@ class LanguageModel(Task):
         return (logits.argmax(dim=-1) == y).sum(), y.numel()
 
     @torch.no_grad()
-    def validate(self, model: nn.Module, split: Split, policy, batch_size: int) -> tuple[float, float]:
+    def validate(self, model: nn.Module, split: Split, policy: PrecisionPolicy,
+                 batch_size: int) -> tuple[float, float]:
         """(loss per token, next-token accuracy), a batch of sequences at a time (no (N, T, vocab) tensor)."""
         was_training = model.training
         model.eval()
-        device = next(unwrap(model).parameters()).device
+        device = next(model.parameters()).device
         loss = torch.zeros((), device=device, dtype=torch.float64)
         right = torch.zeros((), device=device, dtype=torch.int64)
         for _, x, y in _batches(split, batch_size, model):
@@ -103,8 +104,8 @@ class LanguageModel(Task):
         return (loss / units).item(), right.item() / units
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, ref_model: nn.Module, policy, strict, test: Split, batch_size: int,
-                 calibration_bins: int) -> SeedEvaluation:
+    def evaluate(self, model: nn.Module, ref_model: nn.Module, policy: PrecisionPolicy, strict: PrecisionPolicy,
+                 test: Split, batch_size: int, calibration_bins: int) -> SeedEvaluation:
         """Streamed a batch of sequences at a time (no (N, T, vocab) tensor is kept): the arm in its precision
         against the baseline's model, then the arm's weights in strict fp32. Per sequence: the mean loss and the
         share of next tokens right (sequences are the clusters of the paired statistics)."""
@@ -133,7 +134,7 @@ class LanguageModel(Task):
 
 def _batches(split: Split, batch_size: int, model: nn.Module):
     """(first index, model inputs, next tokens) of each batch of sequences, on the model's device."""
-    device = next(unwrap(model).parameters()).device
+    device = next(model.parameters()).device
     for start in range(0, len(split), batch_size):
         yield (start, split.inputs(split.x[start:start + batch_size].to(device)),
                split.y[start:start + batch_size].to(device))
@@ -168,7 +169,7 @@ class _Accumulator:
         self.predictions.append(pred.to(torch.uint8 if own.shape[-1] <= 256 else torch.int32).cpu())
 
     def result(self, loss_f32: float, accuracy_f32: float) -> SeedEvaluation:
-        """The seed's metrics (the keys of ``metrics.arm_seed_metrics`` but ECE: per token), outcomes and
+        """The seed's metrics (the keys of ``verdict.metrics.arm_seed_metrics`` but ECE: per token), outcomes and
         predictions; ``loss_f32`` and ``accuracy_f32``: the arm's weights in strict fp32."""
         n = self.units
         test_loss, test_acc = float(self.loss.mean()), float(self.accuracy.mean())  # every sequence has T tokens

@@ -1,24 +1,15 @@
-"""``train.task`` → a Task (``task.py`` has the contract): a built-in, or a callable of yours, checked to fulfil
+"""``train.task`` → a Task (``contract.py`` has the contract): a built-in, or a callable of yours, checked to fulfil
 the contract before any work, its code a DVC dependency (``train.task_code``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ampbench.errors import ParamsError
-from ampbench.tasks.contract import CLASSIFICATION, Task
+from ampbench.tasks.classification import CLASSIFICATION
+from ampbench.tasks.contract import Task
 
 METHODS = ("view", "model_args", "output_error", "logits", "loss", "correct", "validate", "evaluate", "paired")
-
-
-def require_tracked(name: str, task_code: str, root: Path) -> None:
-    """A Task of your own must lie in ``train.task_code`` (relative to the project ``root``, as in dvc.yaml, where
-    it is a dependency of the train and evaluate stages); ParamsError naming the value to set otherwise."""
-    from ampbench.config.user_code import require_tracked as tracked
-    from ampbench.config.validation import task_kind
-
-    if task_kind(name) == "factory":
-        tracked(name, task_code, root, "train.task", "train.task_code", "the train and evaluate stages", ParamsError)
+LABELS = ("deciding", "accuracy_label", "loss_label")  # strings: which metric decides, and their names
+DECIDING = ("accuracy", "loss")
 
 
 def resolve_task(name: str, block_size: int | None = None) -> Task:
@@ -40,7 +31,11 @@ def resolve_task(name: str, block_size: int | None = None) -> Task:
     except Exception as exc:  # the user's callable failed
         raise ParamsError(f"train.task {name!r}: calling it failed ({type(exc).__name__}: {exc})") from None
     missing = [m for m in METHODS if not callable(getattr(task, m, None))]
+    missing += [a for a in LABELS if not isinstance(getattr(task, a, None), str)]
     if missing:
         raise ParamsError(f"train.task {name!r} returned a {type(task).__name__} without {', '.join(missing)} (the "
-                          "Task contract: ampbench.tasks.contract.Task)")
+                          "Task contract: ampbench.Task, docs/your-task.md)")
+    if task.deciding not in DECIDING:
+        raise ParamsError(f"train.task {name!r}: deciding is {task.deciding!r}; the verdict is decided by one of "
+                          f"{', '.join(DECIDING)}")
     return task

@@ -2,7 +2,7 @@
 
 ``ActivationProbe``: hooks attached only around sampled steps (``train.telemetry_every``; outside them the model
 runs untouched) record per module the largest |output| (over every element) and the shares of outputs float16
-would turn into inf or 0 (the thresholds of ``telemetry.py``; counted on an evenly strided sample of at most
+would turn into inf or 0 (the thresholds of ``gradients.py``; counted on an evenly strided sample of at most
 ``SAMPLE`` elements per tensor), on the device; the same hooks note, for that step, which modules' outputs
 (forward order) and input gradients (backward order) were not finite, so a bad hooked step names its culprit
 (``nonfinite.py`` decides which step to blame). ``merge_tables`` sums tables of several epochs or seeds.

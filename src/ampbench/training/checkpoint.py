@@ -1,6 +1,6 @@
 """Checkpoints: everything needed to restore a training run, saved atomically, loaded with ``weights_only=True``.
 
-When a checkpoint may be resumed is ``resume.py``'s business; this module only writes and reads them.
+When a checkpoint may be resumed is ``stages/resume.py``'s business; this module only writes and reads them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from ampbench.errors import AmpbenchError
 from ampbench.models.builtins import unwrap
 from ampbench.runtime.files import atomic_torch_save
-from ampbench.training.loop import TrainState
+from ampbench.training.state import TrainState
 
 
 def state_dict(state: TrainState) -> dict[str, Any]:

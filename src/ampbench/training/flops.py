@@ -11,7 +11,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ampbench.tasks.contract import CLASSIFICATION
+from ampbench.precision.policy import PrecisionPolicy
+from ampbench.tasks.classification import CLASSIFICATION
+from ampbench.tasks.contract import Task
 from ampbench.training.step import forward_backward, side_effect_free
 
 _KINDS = {  # aten op name → what it computes (the FLOP counter's registry says how many)
@@ -81,12 +83,13 @@ def flop_summary(flops: dict[tuple[str, str], int], samples: int) -> dict[str, A
             "dominant_dtype": max(by_dtype, key=by_dtype.get) if by_dtype else None}
 
 
-def count_step_flops(model: nn.Module, policy, x: torch.Tensor, y: torch.Tensor, task=None) -> dict[str, Any]:
+def count_step_flops(model: nn.Module, policy: PrecisionPolicy, x: torch.Tensor, y: torch.Tensor,
+                     task: Task = CLASSIFICATION) -> dict[str, Any]:
     """FLOPs of one training step's forward and backward on ``x`` (as ``flop_summary``), counted on ``model``
     without changing its training (``side_effect_free``); the optimizer's own arithmetic is not counted."""
     counter = DtypeFlopCounter()
     with side_effect_free(model):
         with counter:
-            forward_backward(model, policy, x, y, task=task or CLASSIFICATION)
+            forward_backward(model, policy, x, y, task=task)
         model.zero_grad(set_to_none=True)
     return flop_summary(counter.flops, len(x))

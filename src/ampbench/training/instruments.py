@@ -1,4 +1,4 @@
-"""The training loop's instruments, each a small object called once per step (``watch.py`` holds them together).
+"""The training loop's instruments, each a small object called once per step (``watchers.py`` holds them together).
 
 - ``ScalerHealth``: which steps the GradScaler skipped, the longest run of skips, the loss scale, divergence.
 - ``WindowTimer``: throughput over windows of steps bounded by one device sync (also the bench's bare loop).
@@ -16,16 +16,7 @@ import time
 import torch
 
 from ampbench.config.params import DivergenceParams
-from ampbench.errors import AmpbenchError
-
-
-class Diverged(AmpbenchError):
-    """Training of one arm went numerically wrong; the message says how. ``culprit``: the first module that went
-    non-finite (nonfinite.Culprit.to_dict), ``activations``: the epoch's per-module table so far."""
-
-    def __init__(self, message: str, culprit: dict | None = None, activations: list | None = None):
-        super().__init__(message)
-        self.culprit, self.activations = culprit, activations or []
+from ampbench.errors import Diverged
 
 
 def sync(device: torch.device) -> None:

@@ -1,18 +1,16 @@
 """The training loop: the tutorial's mixed-precision step (``step.train_step``) over epochs, reporting by callback.
 
-``fit`` is the recipe: for each epoch, for each batch, one step between the calls of two watchers (``watch.py``:
-numerics and speed); then the LR schedule, validation and one ``EpochRecord``. It never branches on precision:
-the ``PrecisionPolicy`` hands it the autocast context and the scaler. Its settings are the validated ``train``
-params, passed whole (``LoopConfig.train``). Batches come from ``loader.InputPipeline`` (device-resident tensors
-or a streaming DataLoader, the same batches either way); running sums stay on the device and are read once per
-epoch (no per-step host sync).
+``fit`` is the recipe: for each epoch, for each batch, one step between the calls of two watchers
+(``watchers.py``: numerics and speed); then the LR schedule, validation and one ``EpochRecord`` (``state.py``). It
+never branches on precision: the ``PrecisionPolicy`` hands it the autocast context and the scaler. Its settings are
+the validated ``train`` params, passed whole (``LoopConfig.train``). Batches come from ``data.loader.InputPipeline``
+(device-resident tensors or a streaming DataLoader, the same batches either way); running sums stay on the device
+and are read once per epoch (no per-step host sync).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -25,71 +23,10 @@ from ampbench.models.builtins import unwrap
 from ampbench.precision.policy import PrecisionPolicy
 from ampbench.runtime import distributed
 from ampbench.runtime.distributed import SINGLE, World
-from ampbench.tasks.contract import CLASSIFICATION, Task
+from ampbench.tasks.contract import Task
+from ampbench.training.state import EpochRecord, LoopConfig, TrainState
 from ampbench.training.step import train_step
 from ampbench.training.watchers import NumericsWatch, SpeedWatch
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    """What ``fit`` needs besides model, data and precision: the train params whole, and how to measure."""
-
-    train: TrainParams
-    seed: int = 0  # seeds the data order
-    eval_batch_size: int = 1024  # validation samples per forward pass
-    warmup_steps: int = 5  # steps excluded from throughput timing (allocator, autotuning, caches)
-    timing_window: int = 10  # steps per throughput window; each window boundary syncs with the device once
-    sync_debug: bool = False  # CUDA: raise if a steady-state step (not a sampled one) syncs with the host
-    on_device: bool | None = None  # the input path, decided by the caller; None: train.data_on_device decides
-    task: Task = CLASSIFICATION  # what the model computes: its logits, loss and right answers (task.py)
-    eval_every: int = 0  # optimizer steps between validation losses within an epoch (0: at epoch ends only)
-
-
-@dataclass
-class TrainState:
-    """The objects that make up a training run; everything a checkpoint must hold."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    generator: torch.Generator  # data order; on CPU so its state is portable
-    epoch: int = 0  # epochs completed
-    step: int = 0  # optimizer steps attempted (skipped ones included)
-
-
-@dataclass(frozen=True)
-class EpochRecord:
-    """Everything one epoch produced: the loop's single output, passed to ``on_epoch`` and returned by ``fit``."""
-
-    epoch: int  # 1-based
-    train_loss: float  # mean cross-entropy over the epoch's training samples (without train.loss_multiplier)
-    train_accuracy: float
-    val_loss: float
-    val_accuracy: float
-    samples_per_s: float  # whole epoch, validation excluded
-    epoch_seconds: float
-    loss_scale: float  # at the end of the epoch; 1.0 without a scaler
-    skipped_steps: int  # optimizer steps the scaler skipped this epoch
-    optimizer_steps: int  # optimizer steps attempted this epoch (skipped ones included)
-    input_wait_seconds: float  # time the loop waited for its next batch (host side): large = input-bound
-    lr: float  # after this epoch's scheduler step
-    grads: dict[str, float]  # gradient range shares and mean norm over sampled steps (telemetry.GradProbe)
-    steps: list[dict[str, float]] = field(default_factory=list)  # sampled steps: step, loss, skips, scale
-    layers: dict[str, dict[str, float]] = field(default_factory=dict)  # per-parameter gradient shares
-    windows: list[float] = field(default_factory=list)  # samples/s of each timing window after warm-up
-    activations: list[dict] = field(default_factory=list)  # per-module output ranges (activations.ActivationProbe)
-    nonfinite: dict | None = None  # the first non-finite module found this epoch (nonfinite.Culprit.to_dict)
-    # Validation losses within the epoch and at its end: step (the run's), seconds (of this epoch's training so
-    # far, evaluations left out), val_loss. What time to fp32's quality is measured on.
-    evaluations: list[dict[str, float]] = field(default_factory=list)
-
-    def row(self) -> dict[str, float]:
-        """The epoch's metrics as one flat history row (history.json, MLflow, DVC plots)."""
-        # not copied: asdict would deep-copy the per-layer tables
-        skip = ("grads", "steps", "layers", "windows", "activations", "nonfinite", "evaluations")
-        metrics = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
-        return {**metrics, **self.grads}
 
 
 def throughput(records: list[EpochRecord]) -> float:
@@ -118,7 +55,7 @@ def init_state(model: nn.Module, policy: PrecisionPolicy, cfg: LoopConfig, devic
     return TrainState(
         model=model,
         optimizer=optimizer,
-        scheduler=make_scheduler(tp.scheduler, optimizer, tp.epochs),
+        scheduler=make_scheduler(tp.scheduler, optimizer, cfg.end_epoch),
         scaler=policy.grad_scaler(tp.grad_scaler),
         generator=torch.Generator().manual_seed(cfg.seed),
     )
@@ -132,7 +69,7 @@ def memory_format(tp: TrainParams) -> torch.memory_format:
 def build_run(tp: TrainParams, policy: PrecisionPolicy, contract: dict, device: torch.device, seed: int,
               train: Split, task: Task, **measure) -> tuple[nn.Module, TrainState, LoopConfig]:
     """Seeded, deterministic (if asked) model and fresh training state: what the train stage trains once per seed
-    and the speed stage times. ``measure``: LoopConfig's timing fields (warm-up, window)."""
+    and the speed stage times. ``measure``: LoopConfig's fields for measuring (warm-up, window, epochs, bar)."""
     from ampbench.models.factory import ModelSpec, build_for
     from ampbench.runtime.determinism import seed_everything, set_deterministic
 
@@ -186,19 +123,19 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         on_epoch: Callable[[EpochRecord, TrainState], None] | None = None,
         world: World = SINGLE) -> list[EpochRecord]:
     """Train ``state.model`` from ``state.epoch`` (> 0: resumed from a checkpoint, continuing exactly where it
-    stopped) to ``train.epochs``; call ``on_epoch(record, state)`` after each epoch; return the records. Under DDP
-    (``world``) every rank walks the same global batches and trains on its slice of each."""
+    stopped) to ``cfg.end_epoch`` (``train.epochs``); call ``on_epoch(record, state)`` after each epoch; return the
+    records. Under DDP (``world``) every rank walks the same global batches and trains on its slice of each."""
     tp, model = cfg.train, state.model
     device = next(unwrap(model).parameters()).device
     inputs = input_pipeline(train, policy, cfg, device, world)
     numerics = NumericsWatch(unwrap(model), policy, state.scaler, cfg, device)
     speed = SpeedWatch(device, cfg, len(train))
     records = []
-    for epoch in range(state.epoch, tp.epochs):
+    for epoch in range(state.epoch, cfg.end_epoch):
         model.train()
         sums = EpochSums(device, cfg.task)
         numerics.epoch_start(epoch, state.step)
-        speed.epoch_start(f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{tp.epochs}")
+        speed.epoch_start(f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{cfg.end_epoch}")
         evaluations, first = [], state.step
         for batch in inputs.epoch(state.generator, state.step):
             if cfg.eval_every and state.step > first and state.step % cfg.eval_every == 0:  # not at the epoch's end

@@ -14,9 +14,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ampbench.tasks.contract import CLASSIFICATION, Task
+from ampbench.errors import Diverged
+from ampbench.tasks.classification import CLASSIFICATION
+from ampbench.tasks.contract import Task
 from ampbench.training.activations import ROOT, ActivationProbe
-from ampbench.training.instruments import Diverged
 from ampbench.training.step import forward_backward, side_effect_free
 
 

@@ -3,9 +3,9 @@
 ``train_step`` is exactly the seed tutorial's order: forward and loss inside ``policy.autocast()``;
 ``scaler.scale(loss).backward()``; ``scaler.step(optimizer)``; ``scaler.update()``. For arms without a scaler the
 scaler is disabled and passes through, so there is one code path for every precision. ``forward_loss`` is the
-forward half (the task says what the logits and the loss are: ``task.py``), shared with the non-finite replay and
-the FLOP count (``forward_backward`` runs it without the optimizer and without changing training). The bench's
-bare loop keeps its own copy on purpose: it is the reference the pipeline's loop is timed against.
+forward half (the task says what the logits and the loss are: ``tasks/contract.py``), shared with the non-finite
+replay and the FLOP count (``forward_backward`` runs it without the optimizer and without changing training). The
+bench's bare loop keeps its own copy on purpose: it is the reference the pipeline's loop is timed against.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from torch import nn
 
 from ampbench.config.params import TrainParams
 from ampbench.precision.policy import PrecisionPolicy
-from ampbench.tasks.contract import CLASSIFICATION, Task
+from ampbench.tasks.classification import CLASSIFICATION
+from ampbench.tasks.contract import Task
 from ampbench.training.gradients import GradProbe
 
 

@@ -1,10 +1,10 @@
-"""The two watchers ``training.fit`` calls around its step, so the loop itself reads as the tutorial's recipe.
+"""The two watchers ``loop.fit`` calls around its step, so the loop itself reads as the tutorial's recipe.
 
 - ``NumericsWatch``: what the step's numbers did. It owns the instruments that depend on each other: the
-  scaler's skip counting and divergence check (``monitor.ScalerHealth``), gradient ranges (``telemetry.GradProbe``)
+  scaler's skip counting and divergence check (``instruments.ScalerHealth``), gradient ranges (``gradients.GradProbe``)
   and module outputs (``activations.ActivationProbe``) on sampled steps, and the first non-finite module
   (``nonfinite.NonFiniteFinder``), which hooks extra steps while it hunts and replays a skipped step.
-- ``SpeedWatch``: how fast: the timing windows (``monitor.WindowTimer``) and the progress bar.
+- ``SpeedWatch``: how fast: the timing windows (``instruments.WindowTimer``) and the progress bar.
 
 Neither counts steps: the loop's ``TrainState.step`` is the one counter, passed in. Every step of an epoch is
 "sampled" when its index in the epoch is a multiple of ``train.telemetry_every``: such a step feeds the telemetry
@@ -22,19 +22,21 @@ import torch
 from torch import nn
 
 from ampbench.data.loader import Batch
+from ampbench.errors import Diverged
 from ampbench.precision.policy import PrecisionPolicy
 from ampbench.training.activations import ActivationProbe
 from ampbench.training.gradients import GradProbe
-from ampbench.training.instruments import Diverged, ProgressBar, ScalerHealth, WindowTimer, sync_guard
+from ampbench.training.instruments import ProgressBar, ScalerHealth, WindowTimer, sync_guard
 from ampbench.training.nonfinite import NonFiniteFinder, replay_first_nonfinite
+from ampbench.training.state import LoopConfig
 
 
 class NumericsWatch:
     """Scaler health, gradient and activation probes and the non-finite finder of one training run."""
 
-    def __init__(self, model: nn.Module, policy: PrecisionPolicy, scaler: torch.amp.GradScaler, cfg,
+    def __init__(self, model: nn.Module, policy: PrecisionPolicy, scaler: torch.amp.GradScaler, cfg: LoopConfig,
                  device: torch.device):
-        tp = cfg.train  # cfg: training.LoopConfig
+        tp = cfg.train
         self.model, self.policy, self.task = model, policy, cfg.task
         self.every, self.loss_multiplier = tp.telemetry_every, tp.loss_multiplier
         self.health = ScalerHealth(policy.name, scaler, tp.divergence, device)
@@ -43,13 +45,20 @@ class NumericsWatch:
         self.acts = None if tp.compile else ActivationProbe(model, device)
         self.finder = NonFiniteFinder(tp.telemetry_every)
         self.sync_debug = cfg.sync_debug and device.type == "cuda"
+        # Per epoch (epoch_start resets them):
+        self.epoch = self.first_step = 0  # the epoch (0-based) and the run's steps before it
+        self.sampled: list[dict[str, float]] = []  # rows of the sampled steps: step, loss, scale, skips
+        self.batch: Batch | None = None  # the epoch's last batch, replayed at divergence (an epoch may yield none)
+        # Per step (step sets them, after_step reads them):
+        self.sample = self.hooked = False  # a sampled step; module outputs hooked on it
+        self.scale = 1.0  # the loss scale the step ran with (read from the scaler only on hooked steps)
 
     def epoch_start(self, epoch: int, step: int) -> None:
         """Before the first step of ``epoch`` (0-based); ``step``: the run's steps so far."""
         self.health.new_epoch()
         self.epoch, self.first_step = epoch, step
-        self.sampled: list[dict[str, float]] = []  # rows of the sampled steps: step, loss, scale, skips
-        self.batch = None  # the epoch's last batch, replayed at divergence (an epoch may yield none)
+        self.sampled = []
+        self.batch = None
 
     @contextlib.contextmanager
     def step(self, step: int):
@@ -95,7 +104,7 @@ class NumericsWatch:
                                       self.task) from None
 
     def take(self) -> dict[str, Any]:
-        """The epoch's numerics (fields of ``training.EpochRecord``); the probes start a fresh epoch."""
+        """The epoch's numerics (fields of ``state.EpochRecord``); the probes start a fresh epoch."""
         grads, layers = self.grads.epoch_summary()
         return {"loss_scale": self.health.loss_scale, "skipped_steps": self.health.skipped_steps(), "grads": grads,
                 "steps": self.sampled, "layers": layers, "activations": self.acts.take() if self.acts else [],
@@ -105,12 +114,13 @@ class NumericsWatch:
 class SpeedWatch:
     """Timing windows after warm-up and the progress bar of one training run."""
 
-    def __init__(self, device: torch.device, cfg, samples_per_epoch: int):
-        self.cfg, self.samples_per_epoch = cfg, samples_per_epoch  # cfg: training.LoopConfig
+    def __init__(self, device: torch.device, cfg: LoopConfig, samples_per_epoch: int):
+        self.cfg, self.samples_per_epoch = cfg, samples_per_epoch
         self.timer = WindowTimer(device, cfg.timing_window, cfg.warmup_steps)
+        self.bar: ProgressBar | None = None  # one per epoch
 
     def epoch_start(self, desc: str) -> None:
-        self.bar = ProgressBar(self.cfg.train.progress, self.samples_per_epoch, desc)
+        self.bar = ProgressBar(self.cfg.show_progress, self.samples_per_epoch, desc)
         self.timer.start()
 
     def after_step(self, samples: int, loss: torch.Tensor, step: int) -> None:

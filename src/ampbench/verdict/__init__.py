@@ -6,5 +6,7 @@
 - ``decisions``: *equivalent* and *not worse* from one-sided bounds; against fp32's seed noise.
 - ``plan``: the test examples or seeds that would give 80% power to decide.
 - ``quality``: time to fp32's quality: steps to its validation loss × time per step.
-- ``comparison``: an arm against fp32: the typed paired statistics and the three tables the stage writes.
+- ``comparison``: an arm against fp32, typed: ``ArmReport`` (its summary.json, metrics, speed, numerics), its
+  outcomes, ``PairedStatistics`` (both metrics' intervals and verdicts).
+- ``tables``: comparison.json, speed.json and details.json from the arms' reports.
 """

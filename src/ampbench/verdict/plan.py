@@ -2,7 +2,7 @@
 this test set) give ≥ 80% power to show it, if the true difference were the observed one or zero.
 
 The power is that of the pipeline's own procedure (``stats.py``: the hull of the example-level interval and the
-Student-t interval over seeds, judged on its one-sided bounds; ``verdicts.py``) under the variance components the
+Student-t interval over seeds, judged on its one-sided bounds; ``decisions.py``) under the variance components the
 data gave (``variance.py``): the difference is normal around the truth with the predicted variance; the
 example-level half-width is the one expected at that design (Tango's score interval at the expected discordant
 counts for accuracy, so a test set too small to rule out the margin even with no flip at all is never planned);

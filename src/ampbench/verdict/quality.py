@@ -11,9 +11,8 @@ training processes' own wall time at those steps is kept as the secondary figure
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict, dataclass
 from typing import Any
-
-from ampbench.config.arms import BASELINE
 
 
 def first_reaching(points: list[dict[str, float]], target: float) -> dict[str, float] | None:
@@ -37,9 +36,24 @@ def seed_quality(arm: list[dict[str, float]], fp32: list[dict[str, float]], marg
     return out
 
 
-def arm_quality(arm: dict[str, list], fp32: dict[str, list], margin: float, speedup: float | None) -> dict[str, Any]:
-    """Every seed of one arm (``arm``/``fp32``: seed → evaluation points), and the medians over seeds when every
-    seed reached the target (else None, with how many did)."""
+@dataclass(frozen=True)
+class ArmQuality:
+    """Every seed of one arm (seed → ``seed_quality``), and the medians over seeds when every seed reached the
+    target (else None, with how many did)."""
+
+    per_seed: dict[str, dict[str, Any]]
+    seeds_reached: int
+    seeds: int
+    steps_vs_fp32: float | None
+    time_vs_fp32: float | None
+    train_time_vs_fp32: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def arm_quality(arm: dict[str, list], fp32: dict[str, list], margin: float, speedup: float | None) -> ArmQuality:
+    """One arm's time to fp32's quality (``arm``/``fp32``: seed → evaluation points)."""
     per_seed = {seed: seed_quality(arm[seed], fp32[seed], margin, speedup)
                 for seed in sorted(arm, key=int) if arm[seed] and fp32.get(seed)}
     reached = [q for q in per_seed.values() if q["steps"] is not None]
@@ -49,19 +63,17 @@ def arm_quality(arm: dict[str, list], fp32: dict[str, list], margin: float, spee
         values = [q.get(key) for q in reached]
         return statistics.median(values) if every and None not in values else None
 
-    return {"per_seed": per_seed, "seeds_reached": len(reached), "seeds": len(per_seed),
-            "steps_vs_fp32": median("steps_vs_fp32"), "time_vs_fp32": median("time_vs_fp32"),
-            "train_time_vs_fp32": median("train_time_vs_fp32")}
+    return ArmQuality(per_seed, len(reached), len(per_seed), median("steps_vs_fp32"), median("time_vs_fp32"),
+                      median("train_time_vs_fp32"))
 
 
-def text(q: dict[str, Any] | None) -> str:
+def text(q: ArmQuality | None) -> str:
     """The report's cell: the time ratio, or never in how many seeds."""
-    if not q or not q["seeds"]:
+    if not q or not q.seeds:
         return "n/a"
-    if q["seeds_reached"] < q["seeds"]:
-        missed = q["seeds"] - q["seeds_reached"]
-        return f"never in {missed} of {q['seeds']} seed{'s' * (q['seeds'] != 1)}"
-    return "n/a" if q["time_vs_fp32"] is None else f"{q['time_vs_fp32']:.2f}×"
+    if q.seeds_reached < q.seeds:
+        return f"never in {q.seeds - q.seeds_reached} of {q.seeds} seed{'s' * (q.seeds != 1)}"
+    return "n/a" if q.time_vs_fp32 is None else f"{q.time_vs_fp32:.2f}×"
 
 
 def curve_rows(arm: str, points: dict[str, list], seconds_per_step: float | None) -> list[dict[str, Any]]:
@@ -76,20 +88,9 @@ def curve_rows(arm: str, points: dict[str, list], seconds_per_step: float | None
     return rows
 
 
-def attach_quality(reports: list, summaries: dict[str, dict], margin: float) -> None:
-    """Each evaluated arm's (``comparison.ArmReport``) evaluation points and time to fp32's quality, from its
-    summary.json and its speed × fp32 (the speed stage's, else training time's)."""
-    base = next(r for r in reports if r.arm == BASELINE)
-    for r in sorted((r for r in reports if r.ran), key=lambda r: r.arm != BASELINE):  # the baseline's first
-        r.evaluations = {seed: rec.get("evaluations") or [] for seed, rec in summaries[r.arm]["seeds"].items()}
-        speedup = (1.0 if r.arm == BASELINE else r.speed.get("speedup_vs_fp32") if r.speed else
-                   r.train["samples_per_s"] / base.train["samples_per_s"] if base.train["samples_per_s"] else None)
-        r.quality = arm_quality(r.evaluations, base.evaluations, margin, speedup)
-
-
-def quality_metrics(q: dict[str, Any], seed: int) -> dict[str, float]:
+def quality_metrics(q: ArmQuality | None, seed: int) -> dict[str, float]:
     """One seed's time to fp32's quality as MLflow metrics: the steps, and the ratio to fp32's time."""
-    mine = q.get("per_seed", {}).get(str(seed)) or {}
+    mine = (q.per_seed.get(str(seed)) if q else None) or {}
     out = {}
     if mine.get("steps") is not None:
         out["steps_to_fp32_quality"] = mine["steps"]

@@ -19,7 +19,7 @@ choice costs and gains, by simulation and by the bound no interval of this data 
 and ``scripts/verdict_simulation.py``.
 
 ``SeedNoise`` is fp32's own seed-to-seed variation, the floor a precision effect is judged against and the source
-of ``auto`` margins. The verdicts on these intervals are in ``verdicts.py``; the sample-size plans in ``plan.py``.
+of ``auto`` margins. The verdicts on these intervals are in ``decisions.py``; the sample-size plans in ``plan.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The speed stage's measurement (issue 29.1): the order-statistic interval, the per-round ratios, and the
-property it exists for — a neighbour's load during part of the measurement moves the interleaved ratio little,
-while timing each arm in its own period (what training-time throughput does) moves a lot."""
+"""The speed harness the speed stage and `ampbench bench` share: the order-statistic interval, the per-round
+ratios, the alternating order, budgets, and the property it exists for — a neighbour's load during part of the
+measurement moves the interleaved ratio little, while timing each arm in its own period (what training-time
+throughput does) moves a lot; and the bench's and the stage's ratios on one config agree."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ import torch
 
 from ampbench.config.validation import validate
 from ampbench.data.splits import Split
-from ampbench.speed.harness import ArmTimer, interleave
+from ampbench.errors import ParamsError
+from ampbench.speed.budget import Budget, Sizes
+from ampbench.speed.harness import interleave, measure
 from ampbench.speed.ratios import median_interval, summarise
-from ampbench.tasks.contract import CLASSIFICATION
+from ampbench.stages.speed import loop_arm, sizes
+from ampbench.tasks.classification import CLASSIFICATION
 from conftest import ROOT
 
 
@@ -66,7 +70,8 @@ def two_fp32_timers():
     train = Split(torch.randn(n, 1, 16, 16, generator=g), torch.randint(0, 10, (n,), generator=g))
     val = Split(train.x[:64], train.y[:64])
     contract = {"input_shape": (1, 16, 16), "num_classes": 10}
-    timers = [ArmTimer("fp32", params, train, val, CLASSIFICATION, torch.device("cpu"), contract) for _ in "AB"]
+    timers = [loop_arm("fp32", params, train, val, CLASSIFICATION, torch.device("cpu"), contract, sizes(params))
+              for _ in "AB"]
     for t in timers:
         t.round(20)  # warm-up
     yield dict(zip("AB", timers, strict=True))
@@ -74,10 +79,23 @@ def two_fp32_timers():
 
 
 def _ratio(timers, between_rounds=None) -> tuple[float, list[float]]:
-    """B/A interleaved as the speed stage does: (median over rounds, per round)."""
-    rounds = interleave(timers, ROUNDS, lambda arm, r: STEPS, between_rounds)
+    """B/A through the harness, as the speed stage measures: (median over rounds, per round)."""
+    rounds = measure(timers, Sizes(ROUNDS, STEPS, 10, 10), between_rounds).rounds
     ratios = [b / a for a, b in zip(rounds["A"], rounds["B"], strict=True)]
     return float(np.median(ratios)), ratios
+
+
+class _Steps:
+    """A budget that gives ``steps(r)`` steps in round r, for ``total`` rounds."""
+
+    def __init__(self, total, steps):
+        self.total_rounds, self.steps = total, steps
+
+    def steps_for(self, r):
+        return self.steps(r)
+
+    def run(self, steps, one_round):
+        return one_round(steps)
 
 
 def test_interleaving_alternates_the_order_round_by_round():
@@ -93,8 +111,61 @@ def test_interleaving_alternates_the_order_round_by_round():
             seen.append(self.name)
             return float(steps)
 
-    out = interleave({n: Timer(n) for n in "ABC"}, 3, lambda arm, r: 0 if (arm, r) == ("B", 2) else 5)
+    budgets = {n: _Steps(3, lambda r, n=n: 0 if (n, r) == ("B", 2) else 5) for n in "ABC"}
+    out = interleave({n: Timer(n) for n in "ABC"}, budgets)
     assert "".join(seen) == "ABCCBAAC" and out == {"A": [5.0] * 3, "B": [5.0, 5.0, None], "C": [5.0] * 3}
+
+
+def _fake_clock_rounds(monkeypatch, seconds_per_step: float, seconds: float | None) -> tuple[list[int], dict]:
+    """The steps of each round ``Budget`` lets an arm run at a fixed cost per step (a fake clock)."""
+    from types import SimpleNamespace
+
+    from ampbench.speed import budget as budget_module
+
+    clock = [0.0]
+    monkeypatch.setattr(budget_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    b, ran = Budget(Sizes(rounds=5, steps=30, window=10, warmup_steps=10, seconds=seconds)), []
+
+    def one_round(steps: int) -> None:
+        ran.append(steps)
+        clock[0] += steps * seconds_per_step
+
+    for r in range(b.total_rounds):
+        steps = b.steps_for(r)
+        if steps:
+            b.run(steps, one_round)
+    return ran, b.record()
+
+
+def test_a_slow_arm_is_cut_to_its_time_budget(monkeypatch):
+    # 0.5 s per step, 20 s: round 0 (warm-up + two windows, 15 s) and two windows of round 1 (10 s) always, the
+    # least that measures a speed; then two windows while they fit: none.
+    ran, rec = _fake_clock_rounds(monkeypatch, 0.5, 20.0)
+    assert ran == [30, 20] and rec == {"budget_s": 20.0, "steps_measured": 50, "rounds_run": 2, "cut_short": True}
+    # 0.1 s per step: round 0 costs 3 s; 17 s left over 5 rounds is 34 steps a round, cut to 30: every round.
+    ran, rec = _fake_clock_rounds(monkeypatch, 0.1, 20.0)
+    assert ran == [30] * 6 and not rec["cut_short"]
+    # 0.2 s per step: round 0 costs 6 s; 14 s over 5 rounds is 14 steps a round, below two windows: rounds of two
+    # windows while the budget holds them (4 s each: three), then it stops, cut short.
+    ran, rec = _fake_clock_rounds(monkeypatch, 0.2, 20.0)
+    assert ran == [30, 20, 20, 20] and rec["cut_short"] and rec["rounds_run"] == 4
+
+
+def test_without_a_budget_every_round_runs_in_full(monkeypatch):
+    ran, rec = _fake_clock_rounds(monkeypatch, 5.0, None)  # the GPU profile: whatever it costs
+    assert ran == [30] * 6 and not rec["cut_short"]
+
+
+def test_sizes_that_cannot_measure_are_refused_before_anything_runs():
+    with pytest.raises(ParamsError, match=r"^steps: 15 is less than 2 × the window \(10\)"):
+        Sizes(rounds=3, steps=15, window=10, warmup_steps=0)
+    with pytest.raises(ParamsError, match=r"^warmup_steps: -1 is below 0"):
+        Sizes(rounds=3, steps=20, window=10, warmup_steps=-1)
+    params = validate({"speed": {"steps": 15, "window": 10}})
+    with pytest.raises(ParamsError, match=r"^speed.steps: 15 is less than 2 × the window"):
+        sizes(params)
+    cut = Sizes(rounds=3, steps=20, window=10, warmup_steps=0).within(4)  # 4 batches a pass: windows of 4
+    assert (cut.window, cut.window_cut, cut.first_round) == (4, True, 8)
 
 
 @pytest.mark.timing
@@ -136,3 +207,27 @@ def test_a_neighbours_load_moves_the_interleaved_ratio_little_and_the_separate_o
     separate = loaded_b / quiet_a
     assert abs(loaded / quiet - 1) <= 0.10, (quiet, loaded, quiet_rounds, loaded_rounds)
     assert separate < 0.8, separate
+
+
+@pytest.mark.timing
+def test_the_bench_and_the_speed_stage_measure_one_config_alike():
+    """One config — mlp on 1×16×16 images, batch 64, fp32 and bf16, the same data — measured by `ampbench bench`
+    and by the speed stage: one harness, so bf16's intervals of × fp32 over rounds overlap."""
+    from ampbench.bench.config import BenchConfig
+    from ampbench.bench.loop import _data
+    from ampbench.bench.loop import measure as bench
+    from ampbench.stages.speed import measure_arms
+
+    rounds, steps, window, warmup, cpu = 7, 20, 5, 5, torch.device("cpu")
+    cfg = BenchConfig(device="cpu", model="mlp", width=64, image_size=16, channels=1, classes=10, batch_size=64,
+                      steps=steps, rounds=rounds, window=window, warmup_steps=warmup, arms=["fp32", "bf16"],
+                      overhead_arms=[], mlflow=False, arm_budget=None)
+    by_bench = bench(cfg)["arms"]["bf16"]["speedup_vs_fp32_ci"]
+    params = validate({"train": {"device": "cpu", "batch_size": 64, "model": "mlp", "width": 64, "lr": 1e-3,
+                                 "scheduler": "constant", "precisions": ["fp32", "bf16"], "progress": False},
+                       "speed": {"rounds": rounds, "steps": steps, "window": window, "warmup_steps": warmup,
+                                 "seconds_per_arm": None}})
+    train, val = _data(cfg, steps * 64, cpu, 0), _data(cfg, 64, cpu, 1)
+    by_stage = measure_arms(params, train, val, CLASSIFICATION, cpu, {"input_shape": (1, 16, 16), "num_classes": 10})
+    by_stage = by_stage["arms"]["bf16"]["speedup_vs_fp32_ci"]
+    assert by_bench[0] <= by_stage[1] and by_stage[0] <= by_bench[1], (by_bench, by_stage)

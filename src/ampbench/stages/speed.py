@@ -1,0 +1,111 @@
+"""The speed stage's measurement, on the user's model, data, batch size and input path: the speed harness
+(``speed/harness.py``, the one ``ampbench bench`` uses) over every arm of ``train.precisions``, each built as the
+train stage builds it (``training.loop.build_run``, seed 0), interleaved round by round; per arm the median over
+rounds of its ratio to fp32 with a distribution-free interval, *unstable* when that interval is wide; peak memory
+per arm with only that arm alive (CUDA). ``pipeline/speed.py`` writes the result (reports/interleaved.json); the
+evaluate stage reads it through ``config.records.SpeedResult``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ampbench.config.params import Params
+from ampbench.data.splits import Split
+from ampbench.errors import ArmUnavailable, ParamsError
+from ampbench.precision.policy import resolve_policy
+from ampbench.runtime.hardware import fingerprint
+from ampbench.speed.budget import Sizes, size_problem
+from ampbench.speed.harness import LoopArm, isolated_memory, measure
+from ampbench.speed.ratios import rounds_text, summarise
+from ampbench.tasks.contract import Task
+from ampbench.training.loop import build_run
+
+KEYS = {"seconds": "seconds_per_arm"}  # a size's speed key, where the names differ
+
+
+def sizes(params: Params, batches_per_pass: int | None = None) -> Sizes:
+    """The speed params as the harness's sizes (``ParamsError`` naming the speed key that cannot measure), the
+    window cut to one pass over the data when ``batches_per_pass`` is given."""
+    sp = params.speed
+    problem = size_problem(sp.rounds, sp.steps, sp.window, sp.warmup_steps, sp.seconds_per_arm)
+    if problem:
+        raise ParamsError(f"speed.{KEYS.get(problem[0], problem[0])}: {problem[1]}")
+    s = Sizes(sp.rounds, sp.steps, sp.window, sp.warmup_steps, sp.seconds_per_arm)
+    return s if batches_per_pass is None else s.within(batches_per_pass)
+
+
+def loop_arm(arm: str, params: Params, train: Split, val: Split, task: Task, device: torch.device,
+             contract: dict[str, Any], s: Sizes) -> LoopArm:
+    """``arm`` ready to step, built as the train stage builds a seed (seed 0); ArmUnavailable when the device
+    cannot run it."""
+    tp = params.train
+    policy = resolve_policy(arm, device, tp.fp32_modules)
+    _, state, cfg = build_run(tp, policy, contract, device, 0, train, task, epochs=1, progress=False,
+                              warmup_steps=s.warmup_steps, timing_window=s.window)
+    if tp.compile:  # as the train stage does: the optimizer holds the same parameters
+        state.model = torch.compile(state.model)
+    return LoopArm(policy, state, cfg, train, val)
+
+
+def measure_arms(params: Params, train: Split, val: Split, task: Task, device: torch.device,
+                 contract: dict[str, Any], between_rounds: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Every arm of ``train.precisions`` through the harness, then each arm's peak memory alone: what
+    reports/interleaved.json holds."""
+    s = sizes(params, len(train) // params.train.batch_size)
+    arms: dict[str, LoopArm] = {}
+    skipped: dict[str, str] = {}
+    for arm in params.train.precisions:
+        try:
+            arms[arm] = loop_arm(arm, params, train, val, task, device, contract, s)
+        except ArmUnavailable as exc:
+            skipped[arm] = str(exc)
+    measured = measure(arms, s, between_rounds)
+    arms.clear()  # throughput needed every arm alive; memory needs each one alone
+    memory = isolated_memory(lambda arm: loop_arm(arm, params, train, val, task, device, contract, s),
+                             list(measured.rounds), device, 2 * s.window)
+    return {"device": fingerprint(device)["device_name"], "device_type": device.type, "params": dataclasses.asdict(s),
+            "skipped": skipped, **summarise(measured.rounds), "budget": measured.budgets, "memory": memory}
+
+
+def run(params: Params, data_dir: Path) -> dict[str, Any]:
+    """The speed stage's measurement on the prepared data in ``data_dir``: the training split's first
+    ``speed.steps`` batches (every round trains on them), a batch of the validation split (the loop validates after
+    each round, untimed)."""
+    from ampbench.data.prepare import load_prepared
+    from ampbench.precision.policy import resolve_device
+    from ampbench.tasks.resolve import resolve_task
+
+    device = resolve_device(params.train.device)
+    task = resolve_task(params.train.task, params.train.block_size)
+    data = task.view(load_prepared(data_dir))
+    n, bs = params.speed.steps * params.train.batch_size, params.train.batch_size
+    train, val = data.train, data.val
+    train = train if n >= len(train) else Split(train.x[:n], train.y[:n], train.norm)
+    val = Split(val.x[:bs], val.y[:bs], val.norm)
+    return measure_arms(params, train, val, task, device, task.model_args(data.meta))
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """One line per arm for the stage's log: samples/s, × fp32 with its interval, unstable or skipped."""
+    lines = []
+    if result["params"]["window_cut"]:
+        w = result["params"]["window"]
+        lines.append(f"timing windows of {w} step{'s' * (w != 1)}: one pass over the training split has no more "
+                     "batches than that, and windows never span two")
+    for arm, reason in result["skipped"].items():
+        lines.append(f"[{arm}] skipped: {reason}")
+    for arm, row in result["arms"].items():
+        sps = "n/a" if row["samples_per_s"] is None else f"{row['samples_per_s']:,.0f} samples/s"
+        ratio = ""
+        if row.get("speedup_vs_fp32") is not None:
+            low, high = row["speedup_vs_fp32_ci"]
+            ratio = (f", {row['speedup_vs_fp32']:.2f}× fp32 [{low:.2f}, {high:.2f}] over {len(row['ratios'])} "
+                     f"rounds" + (f" — unstable ({rounds_text(row['disagreeing_rounds'], len(row['ratios']))})"
+                                  if row["unstable"] else ""))
+        lines.append(f"[{arm}] {sps}{ratio}")
+    return lines
