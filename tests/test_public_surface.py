@@ -21,7 +21,7 @@ def test_the_top_level_exports_the_task_contract_and_the_built_ins():
 
     assert Task is DefinedTask and GPT is DefinedGPT
     assert issubclass(Classification, Task) and issubclass(LanguageModel, Task)
-    assert set(ampbench.__all__) <= set(dir(ampbench))
+    assert set(ampbench.__all__) == set(ampbench._EXPORTS) and set(ampbench.__all__) <= set(dir(ampbench))
     for name in ampbench.__all__:
         assert getattr(ampbench, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
