@@ -64,7 +64,7 @@ def table(result: dict[str, Any]) -> str:
         if "skipped" in a:
             lines.append(f"{arm:14s} skipped: {a['skipped']}")
             continue
-        ci = a.get("speedup_vs_fp32_ci")
+        ci = a.get("speedup_vs_fp32_ci") if len(a.get("ratios") or []) > 1 else None  # one round: no interval
         cells = [_cell(a, "samples_per_s", ",.0f", 12), _cell(a, "speedup_vs_fp32", ".2f", 8),
                  (f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "").rjust(14), _cell(a, "speedup_vs_tf32", ".2f", 8),
                  _cell(a, "peak_memory_mb", ",.0f", 9),
