@@ -1,7 +1,7 @@
 """The schema of params.yaml: one frozen dataclass per section, the single source of every default and comment.
 
 Each key is declared once: its type, default, constraints and one-line doc (``knob``), and which stages read it
-(default: the section's own stage). From this, ``params_sync`` writes params.yaml's comments and dvc.yaml's
+(default: the section's own stage). From this, ``sync`` writes params.yaml's comments and dvc.yaml's
 ``params:`` lists, and ``validation.load_params(path)`` validates a file (pydantic), raising ``ParamsError`` with
 one line naming the key, the value and what is allowed. The classes are plain dataclasses so the training loop and the
 bench take them as they are, also on a GPU box without pydantic (annotations are only evaluated to validate).
@@ -25,7 +25,7 @@ STAGES = ("prepare", "train", "speed", "evaluate")
 SECTION_STAGES = {"prepare": ("prepare",), "train": ("train",), "speed": ("speed",), "evaluate": ("evaluate",),
                   "mlflow": ("train", "evaluate")}
 # The speed stage times every arm's training step, so it reads every train key that shapes a step (the input path
-# too) — but not the run's length, its seeds or the progress bar. params_sync applies this to the train keys.
+# too) — but not the run's length, its seeds or the progress bar. config/sync.py applies this to the train keys.
 NOT_READ_BY_SPEED = ("train.seeds", "train.epochs", "train.progress", "train.nproc_per_node", "train.eval_every")
 def at_least(bound: float, most: float | None = None):
     """Bounds for one member of a union (``float | Literal["auto"]``, where a knob's ge would also be applied to

@@ -28,7 +28,7 @@ def model_kind(name: str) -> str:
     raise ValueError(f"{name!r} is none of: {' | '.join(MODELS)} | torchvision.<name> | package.module:callable")
 
 
-TASKS = ("classification", "language_model")  # the built-in tasks (task.py); or package.module:callable
+TASKS = ("classification", "language_model")  # the built-in tasks (tasks/); or package.module:callable
 
 
 def task_kind(name: str) -> str:

@@ -1,5 +1,5 @@
 """The built-in models: ``small_cnn`` (default), ``resnet18`` (CIFAR-style, torchvision blocks), ``mlp`` and
-``vit_tiny`` (a small vision transformer). Other models come through ``model_factory``.
+``vit_tiny`` (a small vision transformer). Other models come through ``factory.py``.
 
 Every model takes (N, C, H, W) float images and returns (N, classes) logits. ``train.width`` sets each model's
 width (``None``: the model's default, ``DEFAULT_WIDTH``). Global pooling is a plain mean rather than

@@ -2,7 +2,7 @@
 
 The three forms (``config.validation.model_kind``):
 
-- ``small_cnn`` | ``resnet18`` | ``mlp`` | ``vit_tiny``: the built-ins (models.py), sized by ``train.width``;
+- ``small_cnn`` | ``resnet18`` | ``mlp`` | ``vit_tiny``: the built-ins (``builtins.py``), sized by ``train.width``;
 - ``torchvision.<name>``: a classification model of torchvision, built without pretrained weights for the data's
   class count, with ``train.model_args`` as its builder's keyword arguments. For data that is not 3-channel its
   first convolution is rebuilt with the data's channel count: every torchvision classifier starts with a plain

@@ -223,7 +223,7 @@ def merge_tables(tables: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         for row in table:
             m = merged.setdefault(row["module"], {"module": row["module"], "type": row["type"], "max_abs": 0.0,
                                                   "samples": 0, **{c: 0 for c in _COLS}})
-            # JSON files hold a non-finite maximum as null (fileio writes strict JSON)
+            # JSON files hold a non-finite maximum as null (runtime/files.py writes strict JSON)
             m["max_abs"] = max(m["max_abs"], math.inf if row["max_abs"] is None else row["max_abs"])
             m["samples"] += row["samples"]
             for c in _COLS:

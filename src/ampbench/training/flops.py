@@ -34,7 +34,7 @@ def _dtype_label(operand: torch.Tensor) -> str:
     dtype = getattr(operand, "_data", operand).dtype if type(operand).__name__.startswith("Float8") else operand.dtype
     name, device_type = str(dtype).removeprefix("torch."), operand.device.type
     if name == "float32" and device_type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32":
-        return "tf32"  # float32 operands on tensor cores in TF32 (the cuDNN flag is set together: precision.py)
+        return "tf32"  # float32 operands on tensor cores in TF32 (the cuDNN flag is set together: precision/policy.py)
     return name
 
 

@@ -29,7 +29,7 @@ class LoopConfig:
     timing_window: int = 10  # steps per throughput window; each window boundary syncs with the device once
     sync_debug: bool = False  # CUDA: raise if a steady-state step (not a sampled one) syncs with the host
     on_device: bool | None = None  # the input path, decided by the caller; None: train.data_on_device decides
-    task: Task = CLASSIFICATION  # what the model computes: its logits, loss and right answers (task.py)
+    task: Task = CLASSIFICATION  # what the model computes: its logits, loss and right answers (tasks/)
     eval_every: int = 0  # optimizer steps between validation losses within an epoch (0: at epoch ends only)
     # The run's length and its bar, when not the train params' (the speed harness trains a round at a time):
     epochs: int | None = None  # the epoch fit stops after; None: train.epochs

@@ -51,9 +51,6 @@ class Verdicts:
     not_worse_reason: str
     vs_seed_noise: str  # how the difference compares with fp32's own seed-to-seed variation
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "interval": self.interval.to_dict()}
-
 
 @dataclass(frozen=True)
 class PairedStatistics:
@@ -76,9 +73,7 @@ class PairedStatistics:
         return {"accuracy": self.accuracy, "loss": self.loss}[metric]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"accuracy": self.accuracy.to_dict(), "loss": self.loss.to_dict(), "deciding": self.deciding,
-                "per_seed": {k: v.to_dict() for k, v in self.per_seed.items()},
-                "differs_from_fp32": self.differs_from_fp32, "plans": self.plans}
+        return asdict(self)  # details.json's "statistics"
 
 
 @dataclass
