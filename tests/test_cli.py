@@ -261,7 +261,7 @@ def test_the_reports_first_screen_answers_the_question(stages):
     assert header.count(" | ") + 1 <= 8 and header.startswith("| arm | not worse? | Δaccuracy, pp [95% CI] |")
     assert len(report[:report.index(header)].split()) <= 120
     assert len(tables) == 2 + len(stages["details"]) and "| tf32 | **skipped** |" in first_screen  # an arm a row
-    assert "undecided; *" in first_screen or "not worse, but" in first_screen  # bf16's reason, in its row
+    assert "undecided; *" in first_screen or "decided; its speed" in first_screen  # bf16's reason, in its row
     assert "| arm | not worse? | equivalent? |" in details and "Why each verdict:" in details
     assert "Why each verdict" not in first_screen and "### Numerics" in details
 

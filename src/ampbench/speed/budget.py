@@ -38,7 +38,7 @@ class Sizes:
         window = max(1, min(self.window, batches_per_pass))
         if window == self.window:
             return self
-        return Sizes(self.rounds, max(self.steps, 2 * window), window, self.warmup_steps, self.seconds, True)
+        return Sizes(self.rounds, self.steps, window, self.warmup_steps, self.seconds, True)  # steps ≥ 2 windows still
 
     @property
     def first_round(self) -> int:

@@ -16,8 +16,6 @@ from ampbench.verdict.decisions import against_noise, differs_from_zero, not_wor
 from ampbench.verdict.quality import ArmQuality
 from ampbench.verdict.stats import Margins, PairedSummary, SeedNoise, paired_ci
 
-METRICS = ("accuracy", "loss")  # the two every task's paired() gives; Task.deciding names the one that decides
-
 
 @dataclass(frozen=True)
 class Numerics:
