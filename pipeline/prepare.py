@@ -22,12 +22,14 @@ from _common import CHECKOUT, debug_option, folder_option, layout, params_option
 def main(params, raw_dir: Path, out_dir: Path) -> None:
     """Prepare the data set named by prepare.dataset."""
     from ampbench.config.user_code import require_tracked
-    from ampbench.data.prepare import describe, prepare, save_prepared
+    from ampbench.data.prepare import cut_notes, describe, prepare, save_prepared
 
     require_tracked("prepare.dataset", params.prepare.dataset, params.prepare.dataset_code, CHECKOUT)
     data = prepare(params.prepare, raw_dir or Path(params.prepare.raw_dir))
     save_prepared(data, out_dir)
     click.echo(f"prepared {describe(data.meta)} → {out_dir}")
+    for note in cut_notes(data.meta):  # what the caps cut, and a validation split far larger than training
+        click.echo(note)
 
 
 if __name__ == "__main__":

@@ -76,3 +76,79 @@ def test_missing_publisher_files_give_one_clear_message(tmp_path, name):
     msg = str(err.value)
     assert str(tmp_path / "raw") in msg and "prepare.raw_dir" in msg and "prepare.download: true" in msg
     assert "\n" not in msg
+
+
+CAP_FACTORY = """import torch
+
+class Images:
+    def __init__(self, n, offset):
+        self.n, self.offset = n, offset
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        return torch.full((1, 4, 4), (self.offset + i) % 256, dtype=torch.uint8), i % 2
+
+def build():
+    return {"train": Images(200, 0), "val": Images(400, 1), "test": Images(300, 2)}
+"""
+
+
+def _capped(kind: str, tmp_path, monkeypatch, **caps) -> dict:
+    """meta.json of ``kind`` (cut from the data, text tokens, a factory's own splits) prepared with ``caps``."""
+    if kind == "text":
+        (tmp_path / "t.txt").write_text("the cat sees a ball. " * 1000)  # 21,000 tokens
+        return prepare(PrepareParams(dataset="text", **caps), tmp_path / "t.txt").meta
+    if kind == "factory":
+        (tmp_path / "capfactory.py").write_text(CAP_FACTORY)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        return prepare(PrepareParams(dataset="capfactory:build", **caps), tmp_path).meta
+    return prepare(PrepareParams(dataset="digits", **caps), tmp_path).meta
+
+
+@pytest.mark.parametrize("kind, unit", [("digits", "samples"), ("text", "tokens"), ("factory", "samples")])
+def test_every_split_has_a_cap_for_every_kind_of_data_and_its_uncut_size_is_recorded(tmp_path, monkeypatch, kind,
+                                                                                     unit):
+    from ampbench.data.prepare import cut_notes
+
+    uncut = _capped(kind, tmp_path, monkeypatch)["sizes"]
+    meta = _capped(kind, tmp_path, monkeypatch, max_train=100, max_val=50, max_test=60)
+    assert meta["sizes"] == {"train": 100, "val": 50, "test": 60}
+    assert [meta[f"{s}_available"] for s in ("train", "val", "test")] == [uncut[s] for s in ("train", "val", "test")]
+    notes = " ".join(cut_notes(meta))
+    assert (f"train to 100 of {uncut['train']:,} {unit} (prepare.max_train)" in notes
+            and f"validation to 50 of {uncut['val']:,} {unit} (prepare.max_val)" in notes
+            and f"test to 60 of {uncut['test']:,} {unit} (prepare.max_test)" in notes), notes
+    # A cap at or above a split's size cuts nothing and says nothing; the default run's meta gains no key.
+    loose = _capped(kind, tmp_path, monkeypatch, max_val=uncut["val"])
+    assert loose["sizes"] == uncut and "val_available" not in loose and "train_available" not in loose
+
+
+def test_a_capped_split_file_holds_only_what_it_keeps(tmp_path):
+    (tmp_path / "t.txt").write_text("the cat sees a ball. " * 20000)  # 420,000 tokens
+    p = PrepareParams(dataset="text", max_train=1000, max_val=1000, max_test=1000)
+    save_prepared(prepare(p, tmp_path / "t.txt"), tmp_path / "prepared")
+    for name in ("train", "val", "test"):  # a view of the uncut text would write all of it into the file
+        assert (tmp_path / "prepared" / f"{name}.pt").stat().st_size < 10_000, name
+    assert len(load_prepared(tmp_path / "prepared").train) == 1000
+
+
+def test_validation_far_larger_than_training_is_said_at_prepare(tmp_path):
+    import yaml
+    from click.testing import CliRunner
+
+    from conftest import TINY
+    from test_cli import _stage
+
+    (tmp_path / "t.txt").write_text("the cat sees a ball. " * 2000)  # 42,000 tokens: val 6,300 (15%)
+    params = yaml.safe_load(yaml.safe_dump(TINY))
+    params["prepare"].update({"dataset": "text", "raw_dir": str(tmp_path / "t.txt"), "max_train": 300})
+    params["train"].update({"task": "language_model", "model": "gpt"})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    args = ["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "prepared")]
+    out = CliRunner().invoke(_stage("prepare"), args).output
+    assert "Validation holds 21× the training tokens (6,300 against 300)" in out and "prepare.max_val" in out, out
+    assert "train to 300 of 29,400 tokens (prepare.max_train)" in out, out
+    params["prepare"]["max_val"] = 600  # capped: said as a cut, no longer as a warning
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    out = CliRunner().invoke(_stage("prepare"), args).output
+    assert "validation to 600 of 6,300 tokens (prepare.max_val)" in out and "Validation holds" not in out, out

@@ -107,10 +107,14 @@ class PrepareParams(_Section):
     val_fraction: Annotated[float, knob("share of the data held out for validation", gt=0, lt=0.5)] = 0.1
     test_fraction: Annotated[float, knob("share held out for testing; ignored for data sets with an official "
                                          "test split", gt=0, lt=0.5)] = 0.25
-    max_train: Annotated[int | None, knob("cap on training samples (null: all)", ge=10, le=10**9)] = None
+    max_train: Annotated[int | None, knob("cap on training samples (text: its first tokens; null: all)", ge=10,
+                                          le=10**9)] = None
+    max_val: Annotated[int | None, knob(
+        "cap on validation samples, a seeded random subset (text: its first tokens; null: all); validation runs "
+        "several times an epoch: one far larger than training slows every epoch", ge=10, le=10**9)] = None
     max_test: Annotated[int | None, knob(
-        "cap on test samples, a seeded random subset (null: all); fewer test samples widen the verdicts' "
-        "intervals", ge=10, le=10**9)] = None
+        "cap on test samples, a seeded random subset (text: its first tokens; null: all); fewer test samples "
+        "widen the verdicts' intervals", ge=10, le=10**9)] = None
     synthetic: Annotated[SyntheticParams, knob("used when dataset: synthetic")] = field(
         default_factory=SyntheticParams)
 

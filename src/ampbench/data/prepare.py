@@ -3,7 +3,9 @@ loaded and checked. The one module that writes and reads ``data/prepared/``.
 
 Prepared data is three ``{split}.pt`` files (x: N×C×H×W as stored — uint8 for 8-bit images, float32 otherwise;
 y: int64 N) plus ``meta.json`` with shapes, classes, the normalisation (scale, per-channel mean and std from the
-training split) and a content checksum. The raw sources are ``readers.py``; the types are ``splits.py``.
+training split) and a content checksum. The raw sources are ``readers.py``; the types are ``splits.py``. Each
+split's cap (``CAPS``: ``prepare.max_train``, ``max_val``, ``max_test``) cuts every kind of data alike, and what it
+cut is recorded and said (``cut_notes``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -24,6 +26,9 @@ from ampbench.runtime.files import atomic_torch_save, atomic_write_text
 
 if TYPE_CHECKING:  # params needs pydantic; the bench must run where only torch is installed
     from ampbench.config.params import PrepareParams
+
+CAPS = {"train": "max_train", "val": "max_val", "test": "max_test"}  # each split's cap among prepare's params
+OVERSIZED_VAL = 10  # an uncapped validation split this many times training's size is said, at prepare and in the report
 
 
 def split_indices(n: int, seed: int, fractions: tuple[float, ...]) -> list[torch.Tensor]:
@@ -63,6 +68,28 @@ def checksum(splits: dict[str, Split]) -> str:
     return h.hexdigest()
 
 
+def cap_splits(parts: dict[str, Any], p: PrepareParams, size: Callable[[Any], int],
+               cut: Callable[[str, Any, int, int], Any]) -> dict[str, int]:
+    """Each split of ``parts`` longer than its cap (``CAPS``) replaced by ``cut(name, part, cap, p.seed)``, in
+    place, for every kind of data alike; ``{name}_available`` (its size before the cut) of each split cut."""
+    before = {}
+    for name, key in CAPS.items():
+        cap = getattr(p, key)
+        if cap is not None and cap < size(parts[name]):
+            before[f"{name}_available"] = size(parts[name])
+            parts[name] = cut(name, parts[name], cap, p.seed)
+    return before
+
+
+def _cut_samples(name: str, pair: tuple[torch.Tensor, ...], cap: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Train's first ``cap`` samples (already shuffled where the split was cut from the data); val's and test's a
+    seeded random subset, in the data set's order. Copies: a view would carry the uncut split into its file."""
+    if name == "train":
+        return tuple(t[:cap].clone() for t in pair)
+    keep = torch.randperm(len(pair[1]), generator=torch.Generator().manual_seed(seed))[:cap].sort().values
+    return tuple(t[keep] for t in pair)
+
+
 def _split(raw: Raw, p: PrepareParams) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """The publisher's splits where it has them; val (and test, when missing) cut deterministically from the
     training data with ``p.seed``."""
@@ -95,12 +122,7 @@ def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
     # Where the test split came from and how large it was before max_test: what a sample-size plan can change.
     test_from = "publisher" if raw.splits and "test" in raw.splits else "test_fraction"
     test_available = len(raw_splits["test"][1])
-    if p.max_train is not None:
-        raw_splits["train"] = tuple(t[: p.max_train] for t in raw_splits["train"])
-    if p.max_test is not None and p.max_test < len(raw_splits["test"][1]):
-        keep = torch.randperm(len(raw_splits["test"][1]), generator=torch.Generator().manual_seed(p.seed))
-        keep = keep[: p.max_test].sort().values  # a seeded subset, in the data set's order
-        raw_splits["test"] = tuple(t[keep] for t in raw_splits["test"])
+    cut = cap_splits(raw_splits, p, lambda pair: len(pair[1]), _cut_samples)
     x_train = raw_splits["train"][0]
     shapes = {name: tuple(xs.shape[1:]) for name, (xs, _) in raw_splits.items()}
     if len(set(shapes.values())) != 1:
@@ -121,6 +143,7 @@ def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
         "seed": p.seed,
         "test_from": test_from,
         "test_available": test_available,
+        **cut,
         "checksum": checksum(splits),
     }
     return Prepared(splits["train"], splits["val"], splits["test"], meta)
@@ -135,15 +158,13 @@ def prepare_text(p: PrepareParams, raw_dir: Path) -> Prepared:
     tokens, read = read_tokens(Path(raw_dir))
     parts = split_by_position(tokens, p.val_fraction, p.test_fraction)
     test_available = len(parts["test"])
-    if p.max_train is not None:
-        parts["train"] = parts["train"][: p.max_train]
-    if p.max_test is not None:
-        parts["test"] = parts["test"][: p.max_test]
+    # A copy of the first tokens: a view would carry the whole uncut text into the split's file.
+    cut = cap_splits(parts, p, len, lambda name, tokens, cap, seed: tokens[:cap].clone())
     splits = {name: Split(t, t) for name, t in parts.items()}
     meta = {"dataset": p.dataset, "source": str(raw_dir), "kind": "tokens", "tokenizer": "utf-8 bytes",
             "vocab_size": VOCAB_SIZE, "input_shape": [], "stored_dtype": "uint8", **read,
             "sizes": {name: len(s) for name, s in splits.items()}, "seed": p.seed, "test_from": "test_fraction",
-            "test_available": test_available, "checksum": checksum(splits)}
+            "test_available": test_available, **cut, "checksum": checksum(splits)}
     return Prepared(splits["train"], splits["val"], splits["test"], meta)
 
 
@@ -156,6 +177,21 @@ def describe(meta: dict) -> str:
     else:
         form = f"input {tuple(meta['input_shape'])} {meta['stored_dtype']}, {len(meta['classes'])} classes, splits"
     return f"{meta['dataset']} from {meta['source']}: {form} {meta['sizes']}"
+
+
+def cut_notes(meta: dict) -> list[str]:
+    """What prepare's caps did, in the data's unit (samples, or tokens): each split they cut with its size before
+    the cut; and an uncut validation split over ``OVERSIZED_VAL``× training's, which every epoch evaluates (a
+    ``max_train`` on a large text). Said by the prepare stage and in the report; nothing when neither holds."""
+    unit = "tokens" if meta.get("kind") == "tokens" else "samples"
+    sizes, label = meta["sizes"], {"train": "train", "val": "validation", "test": "test"}
+    cut = [f"{label[name]} to {sizes[name]:,} of {meta[f'{name}_available']:,} {unit} (prepare.{key})"
+           for name, key in CAPS.items() if (meta.get(f"{name}_available") or 0) > sizes[name]]
+    notes = [f"Cut by prepare's caps: {', '.join(cut)}."] if cut else []
+    if "val_available" not in meta and 0 < OVERSIZED_VAL * sizes["train"] < sizes["val"]:
+        notes.append(f"Validation holds {sizes['val'] / sizes['train']:,.0f}× the training {unit} ({sizes['val']:,} "
+                     f"against {sizes['train']:,}) and every epoch evaluates it; prepare.max_val caps it.")
+    return notes
 
 
 def save_prepared(data: Prepared, out_dir: Path) -> None:

@@ -42,6 +42,7 @@ class RunContext:
     prepare: dict[str, Any] = field(default_factory=dict)  # the prepare params (the plans' -S settings)
     batch_size: int = 0
     test: HeldOut = field(default_factory=HeldOut)
+    data_notes: tuple[str, ...] = ()  # what prepare's caps cut, in the data's unit (data.prepare.cut_notes)
     note: str | None = None  # the CPU note (advice.cpu_note)
 
     @property

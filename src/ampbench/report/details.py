@@ -47,7 +47,8 @@ def method(context: RunContext) -> str:
              f"{noise.loss_sd:.4f} nats; two fp32 seeds disagree on {100 * noise.disagreement:.2f}% of test "
              "predictions")
     run = (f"Data `{context.dataset}`, device `{context.device_name}`, {len(seeds)} seed(s) {seeds}, "
-           f"{context.epochs} epoch(s). Test split. Δ = arm − fp32 of the same seed on the same test ")
+           f"{context.epochs} epoch(s). {''.join(n + ' ' for n in context.data_notes)}Test split. Δ = arm − fp32 of "
+           "the same seed on the same test ")
     if context.by_loss:
         return (f"{run}sequences. The {conf}% intervals of Δloss (nats per token) and Δ next-token accuracy use every "
                 "seed's per-sequence paired outcomes (sequences and seeds as clusters; docs/verdict.md). The verdict "
