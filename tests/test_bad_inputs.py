@@ -89,6 +89,12 @@ PARAM_CASES = [
      "train.model_args.vocab: 7,000 characters once logged; MLflow keeps params of at most 6,000"),
     ("model-arg-key-beyond-mlflow", "train", {"train.model_args": {"k" * 300: 1}},
      "a params key of 317 characters; MLflow keeps at most 250"),
+    # Rules between keys that a later stage refused after every train stage had run: the check stage says them.
+    ("speed-steps-below-two-windows", "check", {"speed.steps": 10, "speed.window": 10},
+     "speed.steps: 10 is less than 2 × the window (10)"),
+    ("fp8-on-cuda-uncompiled", "check", {"train.device": "cuda", "train.precisions": ["fp32", "fp8_rowwise"],
+                                         "train.model": "mlp"}, "train.compile: fp8_rowwise on CUDA needs"),
+    ("margin-auto-one-seed", "check", {"evaluate.margin.loss": "auto"}, "evaluate.margin.loss: auto derives"),
 ]
 
 
@@ -125,6 +131,8 @@ def _assert_clean_failure(result, expected: str, before: set[Path], root: Path, 
 
 
 def _args(stage: str, params: Path, tmp: Path, data: Path) -> list[str]:
+    if stage == "check":
+        return ["--params", str(params), "--out", str(tmp / "out" / "params-checked.txt")]
     if stage == "prepare":
         return ["--params", str(params), "--out", str(tmp / "out" / "prepared"), "--raw", str(tmp / "raw")]
     if stage == "train":
@@ -375,8 +383,12 @@ DAMAGED = [
     ("summary-other-seeds", "summary.json", "seeds", "no result for seed(s) [0]"),
     ("history-garbage", "history.json", b"\x00\x01", "not valid JSON"),
     ("history-list", "history.json", b"[]", "not a history the train stage wrote"),
-    ("history-loss-a-word", "history.json", lambda h: h["0"][0].update(val_loss="low"),
-     "field 0.0.val_loss: Input should be a valid number (holds 'low')"),
+    ("history-loss-a-word", "history.json", lambda h: h["seeds"]["0"][0].update(val_loss="low"),
+     "field seeds.0.0.val_loss: Input should be a valid number (holds 'low')"),
+    ("history-of-another-arm", "history.json", lambda h: h.update(arm="bf16"),
+     "says it belongs to arm 'bf16', but it is in fp32's folder"),
+    ("summary-seed-without-run-id", "summary.json", lambda s: s["seeds"]["0"].pop("run_id"),
+     "field seeds.0.run_id is missing"),
     # Parses, but a field holds the wrong type (each one a TypeError/AttributeError traceback before): the field
     # is named, before any report is written.
     ("summary-seeds-null", "summary.json", lambda s: s.update(seeds=None), "field seeds: Input should be a valid"),
@@ -391,6 +403,11 @@ DAMAGED = [
     ("checkpoint-truncated", "seed0.pt", "truncate", "checkpoint unreadable"),
     ("checkpoint-missing", "seed0.pt", None, "missing"),
     ("checkpoint-of-another-model", "seed0.pt", "weights", "not a checkpoint the train stage wrote"),
+    # Another arm's (or seed's) checkpoint in this one's place: it was loaded and judged as this arm.
+    ("checkpoint-of-another-arm", "seed0.pt", {"arm": "bf16"},
+     "says it belongs to arm 'bf16', but it is in fp32's folder"),
+    ("checkpoint-of-another-seed", "seed0.pt", {"seed": 3}, "says it belongs to seed 3, but it is in seed 0's file"),
+    ("checkpoint-without-meta", "seed0.pt", {"meta": None}, "field the top level: Input should be"),
 ]
 
 
@@ -416,6 +433,10 @@ def test_damaged_inputs_of_evaluate_are_one_line_naming_the_file(case, trained, 
         ck = torch.load(target, weights_only=True)
         ck["model"] = {k + ".renamed": v for k, v in ck["model"].items()}
         torch.save(ck, target)
+    elif isinstance(damage, dict):  # the checkpoint's meta changed: what it says it is
+        ck = torch.load(target, weights_only=True)
+        ck["meta"] = None if "meta" in damage else {**ck["meta"], **damage}
+        torch.save(ck, target)
     else:
         target.write_bytes(damage)
     result = _invoke("evaluate", ["--params", str(params), "--data", str(prepared), "--models",
@@ -425,6 +446,33 @@ def test_damaged_inputs_of_evaluate_are_one_line_naming_the_file(case, trained, 
     assert err.count("\n") == 0 and "Traceback" not in result.output, err
     assert err.startswith(f"error: {target}") and expected in err, err
     assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").rglob("*"))
+
+
+def test_a_store_that_fails_while_evaluate_logs_publishes_no_report(trained, prepared, tmp_path, mlflow_store,
+                                                                     monkeypatch):
+    """The reports were published before the MLflow logging, so a store that broke then left reports that looked
+    finished while MLflow held nothing; now the logging runs from the staging folder, before anything is
+    published."""
+    from ampbench import tracking
+    from ampbench.errors import StoreError
+
+    params, models = trained
+
+    def broken(*args, **kwargs):
+        raise StoreError("MLflow store sqlite:///x.db: disk I/O error")
+
+    monkeypatch.setattr(tracking, "log_to", broken)
+    reports = tmp_path / "reports"
+    result = _invoke("evaluate", ["--params", str(params), "--data", str(prepared), "--models", str(models),
+                                  "--reports", str(reports)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1] == "error: MLflow store sqlite:///x.db: disk I/O error"
+    assert not [p for p in reports.rglob("*") if p.is_file()], "reports published although MLflow failed"
+    monkeypatch.undo()  # the same evaluation with a working store publishes them
+    result = _invoke("evaluate", ["--params", str(params), "--data", str(prepared), "--models", str(models),
+                                  "--reports", str(reports)])
+    assert result.exit_code == 0, result.output
+    assert (reports / "report.md").exists() and (reports / "comparison.json").exists()
 
 
 # Tracking URIs no run could outlive or no store answers at: (id, MLFLOW_TRACKING_URI, expected text)

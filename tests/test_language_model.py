@@ -141,14 +141,16 @@ def _stages(tmp: Path, params: dict, arms: list[str]) -> dict:
                                    "--reports", str(reports)], uri)
     assert r.exit_code == 0, r.output + repr(r.exception)
     return {name: json.loads((reports / f"{name}.json").read_text()) for name in ("comparison", "details")} | {
-        "history": json.loads((models / "fp32" / "history.json").read_text())["0"]}
+        "history": json.loads((models / "fp32" / "history.json").read_text())["seeds"]["0"]}
 
 
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory):
-    """prepare → train (fp32, bf16; 2 seeds) → evaluate on the tests' text, in this process."""
+    """prepare → train (fp32, bf16; 2 seeds) → evaluate on the tests' text, in this process; validation capped."""
     tmp = tmp_path_factory.mktemp("lm")
-    out = _stages(tmp, _lm_params(write_text_folder(tmp / "raw")), ["fp32", "bf16"])
+    params = _lm_params(write_text_folder(tmp / "raw"))
+    params["prepare"]["max_val"] = 1001  # of about 2,400 tokens: the report says the cut
+    out = _stages(tmp, params, ["fp32", "bf16"])
     return {**out, "data": tmp / "prepared", "models": tmp / "models", "uri": f"sqlite:///{tmp / 'mlflow.db'}",
             "report": (tmp / "reports" / "report.md").read_text()}
 
@@ -178,6 +180,13 @@ def test_the_pipeline_trains_and_judges_a_language_model_by_its_loss(lm_run):
     assert "Δloss, nats/token" in report and "next-token accuracy" in report and "| bf16 |" in report
 
 
+def test_a_capped_validation_split_is_recorded_and_said_in_the_reports_data_sentence(lm_run):
+    meta = json.loads((lm_run["data"] / "meta.json").read_text())
+    assert meta["sizes"]["val"] == 1001 and meta["val_available"] > 2000  # the size before prepare.max_val
+    data = next(line for line in lm_run["report"].splitlines() if line.startswith("Data `text`"))
+    assert f"validation to 1,001 of {meta['val_available']:,} tokens (prepare.max_val)" in data, data
+
+
 def test_the_language_model_runs_are_in_mlflow_with_loss_per_token_curves(lm_run):
     import mlflow
 
@@ -188,7 +197,7 @@ def test_the_language_model_runs_are_in_mlflow_with_loss_per_token_curves(lm_run
     bf16 = next(r for r in arm_runs if r.info.run_name == "bf16-seed0")
     assert bf16.data.params["train.task"] == "language_model" and bf16.data.tags["verdict"]
     assert 0 < bf16.data.metrics["val_loss"] < math.log(256) and 0 < bf16.data.metrics["val_accuracy"] < 1
-    history = json.loads((lm_run["models"] / "bf16" / "history.json").read_text())["0"]
+    history = json.loads((lm_run["models"] / "bf16" / "history.json").read_text())["seeds"]["0"]
     assert history[0]["train_loss"] > 0 and history[0]["optimizer_steps"] > 0
 
 

@@ -131,6 +131,6 @@ def test_same_params_and_seed_give_bitwise_identical_weights(tmp_path, params, m
         assert all(torch.equal(a[k], b[k]) for k in a), arm
         # The same bytes too (DVC hashes the files): nothing in a checkpoint depends on when or where it was written.
         assert (tmp_path / "a" / arm / "seed0.pt").read_bytes() == (tmp_path / "b" / arm / "seed0.pt").read_bytes()
-        ha = json.loads((tmp_path / "a" / arm / "history.json").read_text())["0"]
-        hb = json.loads((tmp_path / "b" / arm / "history.json").read_text())["0"]
+        ha = json.loads((tmp_path / "a" / arm / "history.json").read_text())["seeds"]["0"]
+        hb = json.loads((tmp_path / "b" / arm / "history.json").read_text())["seeds"]["0"]
         assert [r["val_loss"] for r in ha] == [r["val_loss"] for r in hb]

@@ -5,6 +5,7 @@ throughput does) moves a lot; and the bench's and the stage's ratios on one conf
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import threading
 import time
@@ -161,7 +162,10 @@ def test_sizes_that_cannot_measure_are_refused_before_anything_runs():
         Sizes(rounds=3, steps=15, window=10, warmup_steps=0)
     with pytest.raises(ParamsError, match=r"^warmup_steps: -1 is below 0"):
         Sizes(rounds=3, steps=20, window=10, warmup_steps=-1)
-    params = validate({"speed": {"steps": 15, "window": 10}})
+    with pytest.raises(ParamsError, match=r"^speed.steps: 15 is less than 2 × the window"):
+        validate({"speed": {"steps": 15, "window": 10}})  # the check stage's rule (config/rules.py)
+    base = validate({})  # past the check (a params object built by hand): the speed stage says the same
+    params = dataclasses.replace(base, speed=dataclasses.replace(base.speed, steps=15, window=10))
     with pytest.raises(ParamsError, match=r"^speed.steps: 15 is less than 2 × the window"):
         sizes(params)
     cut = Sizes(rounds=3, steps=20, window=10, warmup_steps=0).within(4)  # 4 batches a pass: windows of 4

@@ -80,10 +80,6 @@ def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, wo
     if not dry_run:
         port = _free_port(host, port)
     uri, _ = tracking.store_uris(root)
-    import logging
-
-    for noisy in ("mlflow.store.db.utils", "alembic"):  # a new store's "Creating initial tables…": not for the user
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     exp_id = tracking.setup(root, name)
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", str(workers)]
     # The UI opens experiments in its GenAI view by default; this query opens the runs table instead.

@@ -19,7 +19,7 @@ from typing import Any
 from ampbench.bench.config import BenchConfig
 from ampbench.config.arms import NAMES
 from ampbench.config.params import MODELS
-from ampbench.speed.budget import size_problem
+from ampbench.config.rules import size_problem
 
 
 def _cell(row: dict[str, Any], key: str, spec: str, width: int) -> str:

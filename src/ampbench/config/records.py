@@ -1,9 +1,11 @@
-"""The schemas of the JSON files one stage writes and the next reads: ``data/prepared/meta.json`` (prepare → train,
-evaluate), ``models/<arm>/summary.json`` and ``history.json`` (train → evaluate), ``reports/interleaved.json``
-(speed → evaluate). Every field the reader uses, with its type, checked before anything is written, so a damaged or
-hand-edited file is one line naming the file and the field instead of a traceback halfway through a stage; a field
-the code indexes has no default. The checked objects are what the evaluate stage and the report read (attributes,
-not keys); meta.json stays a dict, the form a Task's ``model_args(meta)`` receives.
+"""The schemas of the files one stage writes and the next reads: ``data/prepared/meta.json`` (prepare → train,
+evaluate), ``models/<arm>/summary.json``, ``history.json`` and the final checkpoints' meta (train → evaluate),
+``reports/interleaved.json`` (speed → evaluate). Every field the reader uses, with its type, checked before
+anything is written, so a damaged or hand-edited file is one line naming the file and the field instead of a
+traceback halfway through a stage; a field the code indexes has no default. Each of an arm's files says which arm
+(and a checkpoint which seed) it belongs to, checked against where it was found. The checked objects are what the
+evaluate stage and the report read (attributes, not keys); meta.json stays a dict, the form a Task's
+``model_args(meta)`` receives.
 
 Strict types: a string where a number belongs is refused, not converted; a boolean is not a number. Fields the
 evaluate stage does not read may be added freely (``extra="allow"``): a newer train stage's summary still reads.
@@ -14,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, RootModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ampbench.errors import DataError
 
@@ -146,10 +148,26 @@ class PreparedMeta(_Strict):
     std: list[float] = []
     test_from: str | None = None  # "publisher" (the data set's own test split) | "test_fraction" (cut from the data)
     test_available: int | None = None  # the test split's size before prepare.max_test, in the unit of sizes
+    # Train's and validation's sizes before prepare.max_train / max_val, written where the cap cut the split (so
+    # the default run's meta.json stays as it was); absent: not cut.
+    train_available: int | None = None
+    val_available: int | None = None
 
 
-class _History(RootModel[dict[str, list[dict[str, float | None]]]]):  # seed -> its epochs' rows of numbers
-    model_config = ConfigDict(strict=True)
+class _History(_Strict):
+    arm: str  # the arm that wrote it: a history copied into another arm's folder is refused
+    seeds: dict[str, list[dict[str, float | None]]]  # seed -> its epochs' rows of numbers
+
+
+class CheckpointMeta(_Strict):
+    """What a final checkpoint (``models/<arm>/seed<N>.pt``) says it is (``stages.outputs.SeedJob.model_meta``)."""
+
+    arm: str
+    seed: int
+    model: dict[str, Any]  # models.factory.ModelSpec.to_meta(): what rebuilds the model
+    task: str
+    contract: dict[str, Any]  # what the model factory received (Task.model_args)
+    policy: dict[str, Any] = {}
 
 
 def check(schema: type[M], raw: Any, path: Path, what: str, fix: str) -> M:
@@ -181,18 +199,36 @@ class _ImageMeta(PreparedMeta):
     std: list[float]
 
 
-def check_history(raw: Any, path: Path, retrain: str) -> dict[int, list[dict[str, float | None]]]:
-    """``raw`` (history.json), checked, as seed → its epochs' rows (the numbers as written: an epoch stays an int)."""
-    check(_History, raw, path, "a history the train stage wrote", retrain)
-    return {int(seed): history for seed, history in raw.items()}
+def check_history(raw: Any, path: Path, arm: str, retrain: str) -> dict[int, list[dict[str, float | None]]]:
+    """``raw`` (history.json) of ``arm``, checked, as seed → its epochs' rows (the numbers as written: an epoch
+    stays an int)."""
+    history = check(_History, raw, path, "a history the train stage wrote", retrain)
+    _belongs(path, "arm", history.arm, arm, retrain)
+    return {int(seed): rows for seed, rows in raw["seeds"].items()}
+
+
+def check_checkpoint(raw: Any, path: Path, arm: str, seed: int, retrain: str) -> CheckpointMeta:
+    """``raw`` (a loaded final checkpoint's ``meta``) as the ``CheckpointMeta`` of ``arm``'s seed ``seed``: a
+    checkpoint copied into another arm's folder, or renamed to another seed, is refused (it would be judged as that
+    arm, or paired with another seed's baseline)."""
+    meta = check(CheckpointMeta, raw, path, "a checkpoint the train stage wrote", retrain)
+    _belongs(path, "arm", meta.arm, arm, retrain)
+    _belongs(path, "seed", meta.seed, seed, retrain)
+    return meta
+
+
+def _belongs(path: Path, what: str, says: Any, found: Any, retrain: str) -> None:
+    """One line when a file says it belongs to another arm or seed than where it was found."""
+    if says != found:
+        where = f"{found}'s folder" if what == "arm" else f"seed {found}'s file"
+        raise DataError(f"{path}: says it belongs to {what} {says!r}, but it is in {where}; {retrain}")
 
 
 def check_summary(raw: Any, path: Path, arm: str, retrain: str) -> ArmSummary:
     """``raw`` (a parsed summary.json) as an ``ArmSummary`` that belongs to ``arm``; else one DataError naming
     ``path``, the first wrong field and what it holds."""
     summary = check(ArmSummary, raw, path, "a summary the train stage wrote", retrain)
-    if summary.arm != arm:
-        raise DataError(f"{path}: says it belongs to arm {summary.arm!r}, but it is in {arm}'s folder; {retrain}")
+    _belongs(path, "arm", summary.arm, arm, retrain)
     if summary.skipped is None and summary.model is None:
         raise DataError(f"{path}: field model is missing; not a summary the train stage wrote; {retrain}")
     return summary

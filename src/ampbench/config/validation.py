@@ -1,6 +1,6 @@
 """Validation of params.yaml against the schema in ``params.py``: types and bounds (pydantic), then combinations
-that are each valid alone but not together. Every problem becomes ``ParamsError`` with one line naming the key,
-the value and what is allowed, before any stage does work.
+that are each valid alone but not together (the table in ``rules.py``). Every problem becomes ``ParamsError`` with
+one line naming the key, the value and what is allowed, before any stage does work.
 """
 
 from __future__ import annotations
@@ -10,135 +10,9 @@ import types
 from pathlib import Path
 from typing import Any
 
-from ampbench.config.arms import BASELINE, conflicts
-from ampbench.config.params import DATASETS, IMAGE_MODELS, MODELS, Params
-from ampbench.config.user_code import FACTORY
+from ampbench.config import rules
+from ampbench.config.params import Params
 from ampbench.errors import ParamsError
-
-
-def model_kind(name: str) -> str:
-    """The form of ``train.model``: builtin, torchvision (torchvision.<name>) or factory (package.module:callable);
-    ValueError for anything else."""
-    if name in MODELS:
-        return "builtin"
-    if name.startswith("torchvision.") and name.count(".") == 1 and name.removeprefix("torchvision.").isidentifier():
-        return "torchvision"
-    if FACTORY.match(name):
-        return "factory"
-    raise ValueError(f"{name!r} is none of: {' | '.join(MODELS)} | torchvision.<name> | package.module:callable")
-
-
-TASKS = ("classification", "language_model")  # the built-in tasks (tasks/); or package.module:callable
-
-
-def task_kind(name: str) -> str:
-    """The form of ``train.task``: builtin (one of TASKS) or factory (package.module:callable); ValueError for
-    anything else."""
-    if name in TASKS:
-        return "builtin"
-    if FACTORY.match(name):
-        return "factory"
-    raise ValueError(f"{name!r} is none of: {' | '.join(TASKS)} | package.module:callable")
-
-
-def dataset_kind(name: str) -> str:
-    """The form of ``prepare.dataset``: builtin (one of DATASETS) or factory (package.module:callable);
-    ValueError for anything else."""
-    if name in DATASETS:
-        return "builtin"
-    if FACTORY.match(name):
-        return "factory"
-    raise ValueError(f"{name!r} is none of: {' | '.join(DATASETS)} | package.module:callable")
-
-
-def _unknown_torchvision_name(name: str) -> str | None:
-    """Why torchvision.<name> is not one of torchvision's classification models (naming the closest), or None.
-    Imports torchvision, so it runs only for such names."""
-    import difflib
-
-    import torchvision
-
-    known = torchvision.models.list_models(module=torchvision.models)  # classifiers only: no detection, video…
-    if name in known:
-        return None
-    close = difflib.get_close_matches(name, known, n=4, cutoff=0.5)
-    hint = f"closest: {', '.join(f'torchvision.{c}' for c in close)}" if close else f"{len(known)} are known"
-    return f"torchvision has no classification model {name!r} ({hint})"
-
-
-def _cross_checks(p: Params) -> list[tuple[str, str]]:
-    """(key, reason) for combinations of values that are each valid alone but not together."""
-    tp = p.train
-    problems = []
-    try:
-        dataset_kind(p.prepare.dataset)
-    except ValueError as exc:
-        problems.append(("prepare.dataset", str(exc)))
-    try:
-        task_kind(tp.task)
-    except ValueError as exc:
-        problems.append(("train.task", str(exc)))
-    problems += _task_checks(p) + conflicts(tp.precisions, tp.optimizer, tp.fp32_modules)
-    try:
-        kind = model_kind(tp.model)
-    except ValueError as exc:
-        problems.append(("train.model", str(exc)))
-    else:
-        if kind == "torchvision":
-            why = _unknown_torchvision_name(tp.model.removeprefix("torchvision."))
-            if why:
-                problems.append(("train.model", why))
-        if kind != "builtin" and tp.width is not None:
-            problems.append(("train.width", f"sizes the built-in models only; set {tp.model}'s size in "
-                                            "train.model_args"))
-    if BASELINE not in tp.precisions:
-        problems.append(("train.precisions", f"must include the {BASELINE} baseline: every arm is evaluated "
-                                             f"against it (got {tp.precisions})"))
-    for key in ("precisions", "seeds"):
-        value = getattr(tp, key)
-        if len(set(value)) != len(value):
-            problems.append((f"train.{key}", f"entries must be unique, got {value}"))
-    for key in ("accuracy_pp", "loss"):
-        if getattr(p.evaluate.margin, key) == "auto" and len(tp.seeds) < 2:
-            problems.append((f"evaluate.margin.{key}", "auto derives the margin from fp32's seed-to-seed variation, "
-                                                       f"which needs at least 2 seeds in train.seeds (got {tp.seeds})"))
-    if tp.cudnn_benchmark and tp.deterministic:
-        problems.append(("train.cudnn_benchmark", "picks kernels by timing, which is not deterministic: set "
-                                                  "train.deterministic: false to use it"))
-    if tp.batch_size < 2:
-        problems.append(("train.batch_size", f"{tp.batch_size} trains nothing: batches of one sample are dropped "
-                                             "(BatchNorm cannot train on them); use at least 2"))
-    if tp.batch_size % tp.nproc_per_node:
-        problems.append(("train.batch_size", f"{tp.batch_size} does not split evenly over nproc_per_node="
-                                             f"{tp.nproc_per_node} processes (it is the global batch)"))
-    return problems
-
-
-def _task_checks(p: Params) -> list[tuple[str, str]]:
-    """(key, reason) for data, models and options of another task than train.task: image data or models and
-    image-only options for a language model, text and token options for image classification."""
-    tp, problems = p.train, []
-    text, builtin_data = p.prepare.dataset == "text", p.prepare.dataset in DATASETS
-    if tp.task == "language_model":
-        if builtin_data and not text:
-            problems.append(("prepare.dataset", f"{p.prepare.dataset!r} is image data; train.task: language_model "
-                                                "trains on text (prepare.dataset: text)"))
-        if tp.model in IMAGE_MODELS or tp.model.startswith("torchvision."):
-            problems.append(("train.model", f"{tp.model!r} is an image classifier; a language model is gpt or your "
-                                            "factory build(vocab_size, block_size, **train.model_args)"))
-        for key, on in (("augment", tp.augment != "none"), ("channels_last", tp.channels_last)):
-            if on:
-                problems.append((f"train.{key}", "only means something for images, not for a language model's "
-                                                 "token sequences; leave it at its default"))
-    elif tp.task == "classification":
-        if text:
-            problems.append(("prepare.dataset", "text is for train.task: language_model (image classification "
-                                                "needs images)"))
-        if tp.model == "gpt":
-            problems.append(("train.model", "gpt is a language model: set train.task: language_model"))
-        if tp.block_size is not None:
-            problems.append(("train.block_size", "only means something for train.task: language_model"))
-    return problems
 
 
 def _where(error: dict[str, Any]) -> str:
@@ -274,7 +148,7 @@ def validate(raw: dict[str, Any] | None) -> Params:
         more = f" (and {rest} more)" if rest else ""
         raise ParamsError(_describe(errors[0], same) + more) from None
     _fits_mlflow(params)
-    problems = _cross_checks(params)
+    problems = rules.problems(params)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         key, reason = problems[0]

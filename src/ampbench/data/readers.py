@@ -194,7 +194,7 @@ def _download(name: str, raw_dir: Path) -> None:
 
 def load_raw(p: PrepareParams, raw_dir: Path) -> Raw:
     """Read the data set ``p`` names."""
-    from ampbench.config.validation import dataset_kind
+    from ampbench.config.rules import dataset_kind
 
     kind = dataset_kind(p.dataset)
     if kind == "factory":

@@ -1,6 +1,6 @@
 """Turn ``train.model`` into a model: a built-in, any torchvision classifier by name, or the user's own factory.
 
-The three forms (``config.validation.model_kind``):
+The three forms (``config.rules.model_kind``):
 
 - ``small_cnn`` | ``resnet18`` | ``mlp`` | ``vit_tiny``: the built-ins (``builtins.py``), sized by ``train.width``;
 - ``torchvision.<name>``: a classification model of torchvision, built without pretrained weights for the data's
@@ -12,7 +12,9 @@ The three forms (``config.validation.model_kind``):
   (N, C, H, W) float images to (N, num_classes) logits.
 
 ``inspect_model`` builds the model once before any work and runs a dry forward pass on real samples, so a model
-that does not fit the data fails with one line (``ModelError``); it returns what every run records about it.
+that does not fit the data fails with one line (``ModelError``), and a backward through the task's loss and a probe
+of its evaluation, so a task that breaks its contract does too (``tasks.probe``: ``ParamsError``); it returns what
+every run records about it.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ampbench.config.rules import model_kind
 from ampbench.config.user_code import first_line, import_callable
-from ampbench.config.validation import model_kind
+from ampbench.data.splits import Split
 from ampbench.errors import ModelError
 from ampbench.models import gpt
 from ampbench.models.builtins import build_builtin
+from ampbench.tasks import probe
 from ampbench.tasks.classification import CLASSIFICATION
 from ampbench.tasks.contract import Task
 
@@ -48,7 +52,7 @@ class ModelSpec:
 
     @property
     def kind(self) -> str:
-        """The form of the name: builtin, torchvision or factory (validation.model_kind)."""
+        """The form of the name: builtin, torchvision or factory (rules.model_kind)."""
         return model_kind(self.name)
 
     def to_meta(self) -> dict[str, Any]:
@@ -131,17 +135,24 @@ def _dry_forward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, contract: d
             raise ModelError(f"{where}: returns {wrong[0]} in {mode} mode; {wrong[1]}")
 
 
-def _dry_backward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, task: Task) -> None:
+def _dry_backward(spec: ModelSpec, model: nn.Module, x: torch.Tensor, task: Task,
+                  y: torch.Tensor | None = None) -> None:
     """One backward pass, as training will run it: catches layers whose gradient this device cannot compute, e.g.
-    kernels without a deterministic version (AdaptiveAvgPool2d on CUDA) when train.deterministic is on."""
+    kernels without a deterministic version (AdaptiveAvgPool2d on CUDA) when train.deterministic is on. With the
+    targets ``y``, through the task's loss, held to the contract (``tasks.probe``: a 0-dim tensor with a grad path
+    to the parameters): a loss that returns a float would otherwise end training in a traceback."""
     model.train()
+    logits = task.logits(model(x))
+    loss = logits.float().sum() if y is None else probe.check_loss(task, task.loss(logits, y))
     try:
-        task.logits(model(x)).float().sum().backward()
+        loss.backward()
     except Exception as exc:  # the backward of any layer
         hint = ("; set train.deterministic: false to train this model on this device"
                 if "deterministic" in str(exc) else "")
         raise ModelError(f"train.model {spec.name!r} on input {tuple(x.shape[1:])}: the backward pass failed "
                          f"({type(exc).__name__}: {first_line(exc)}){hint}") from None
+    if y is not None:
+        probe.check_grad_path(task, model)
     model.zero_grad(set_to_none=True)
 
 
@@ -156,19 +167,24 @@ def flops_per_sample(model: nn.Module, sample: torch.Tensor) -> int:
 
 
 def inspect_model(spec: ModelSpec, samples: torch.Tensor, contract: dict[str, Any] | int,
-                  device: torch.device = CPU, task: Task = CLASSIFICATION) -> dict[str, Any]:
+                  device: torch.device = CPU, task: Task = CLASSIFICATION, targets: torch.Tensor | None = None,
+                  test: Split | None = None) -> dict[str, Any]:
     """Build ``spec`` once for these samples (N ≥ 2) on ``device`` and check it before any work: a dry forward in
-    training and eval mode, and one backward (with the caller's determinism settings). ``contract``: what the
-    factory gets (``Task.model_args``; a class count stands for image classification on these samples). Returns
-    its identity: name, kind, width, args, parameter count, FLOPs per sample. The random number generators are
-    left as they were, so training afterwards is unchanged."""
+    training and eval mode, and one backward (with the caller's determinism settings) through the task's loss on
+    ``targets`` (their labels) when given; with ``test`` (the test split) the task's evaluation probed on its first
+    examples (``tasks.probe.probe_outcomes``). ``contract``: what the factory gets (``Task.model_args``; a class
+    count stands for image classification on these samples). Returns its identity: name, kind, width, args,
+    parameter count, FLOPs per sample. The random number generators are left as they were, so training afterwards
+    is unchanged."""
     if isinstance(contract, int):
         contract = {"input_shape": tuple(samples.shape[1:]), "num_classes": contract}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model = build_for(spec, contract).to(device)
         x = samples.to(device)
         _dry_forward(spec, model, x, contract, task)
-        _dry_backward(spec, model, x, task)
+        _dry_backward(spec, model, x, task, None if targets is None else targets.to(device))
+        if test is not None:
+            probe.probe_outcomes(task, model, test, probe.PROBE_EXAMPLES, probe.DRY_RUN_BINS)
         flops = flops_per_sample(model, x)
     return {"name": spec.name, "kind": spec.kind, "width": spec.width, "args": dict(spec.args),
             "parameters": sum(p.numel() for p in model.parameters()), "flops_per_sample": flops}

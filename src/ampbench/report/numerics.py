@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from ampbench.config.arms import BASELINE
-from ampbench.report.advice import bound_by, fix_line, no_effect
+from ampbench.report.advice import bound_by, computes_in_low_precision, float32_fix, no_effect
 from ampbench.verdict.comparison import ArmReport
 
 ACTIVATION_ROWS = 8  # modules shown in the report's activation table
@@ -67,9 +67,10 @@ def _nonfinite_lines(arms: list[ArmReport]) -> list[str]:
              "weight gradients):", ""]
     for a, seed, c in found:
         note = ""
+        fix = float32_fix(c, computes_in_low_precision(a.trained.policy))
         if a.status == "diverged":
-            note = f" — the arm diverged; to keep that module in float32: `{fix_line([c['module']])}`"
-        elif c["loss_scale"] >= 2.0**15 and c["phase"] != "forward":
+            note = f" — the arm diverged; to keep that module in float32: `{fix}`" if fix else " — the arm diverged"
+        elif c["loss_scale"] >= 2.0**15 and c["phase"] not in ("forward", "loss"):
             note = " (the scaler's first calibration steps at its initial scale: expected)"
         lines.append(f"- **{a.arm}** seed {seed}: {c['message']} ({c['how']}){note}")
     return lines

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
+from ampbench.config.rules import size_problem
 from ampbench.errors import ParamsError
 
 T = TypeVar("T")
@@ -44,22 +45,6 @@ class Sizes:
     def first_round(self) -> int:
         """Steps of round 0: the warm-up and two windows."""
         return self.warmup_steps + 2 * self.window
-
-
-def size_problem(rounds: int, steps: int, window: int, warmup_steps: int,
-                 seconds: float | None) -> tuple[str, str] | None:
-    """(the size, what is wrong) for the first size that cannot measure anything; None when all can. The speed
-    stage's check (``speed.<size>``) and the bench's options (``--<size>``) name the size their own way."""
-    for name, value, least in (("rounds", rounds, 1), ("steps", steps, 1), ("window", window, 1),
-                               ("warmup_steps", warmup_steps, 0)):
-        if value < least:
-            return name, f"{value} is below {least}"
-    if steps < 2 * window:
-        return "steps", (f"{steps} is less than 2 × the window ({window}); a round's first window is not counted, "
-                         "so a round needs two")
-    if seconds is not None and not seconds > 0:
-        return "seconds", f"{seconds} is not a positive number of seconds"
-    return None
 
 
 class Budget:

@@ -21,8 +21,15 @@ from ampbench import tracking
 from ampbench.config.arms import BASELINE
 from ampbench.config.layout import INTERLEAVED, ArmFiles, ReportFiles
 from ampbench.config.params import Params
-from ampbench.config.records import ArmSummary, SpeedResult, check_history, check_speed, check_summary
-from ampbench.data.prepare import load_prepared
+from ampbench.config.records import (
+    ArmSummary,
+    SpeedResult,
+    check_checkpoint,
+    check_history,
+    check_speed,
+    check_summary,
+)
+from ampbench.data.prepare import cut_notes, load_prepared
 from ampbench.data.splits import Split
 from ampbench.errors import AmpbenchError, DataError
 from ampbench.models.factory import ModelSpec, build_for
@@ -40,6 +47,7 @@ from ampbench.runtime.files import (
 )
 from ampbench.stages import runs
 from ampbench.tasks.contract import Task
+from ampbench.tasks.probe import HeldToContract
 from ampbench.tasks.resolve import resolve_task
 from ampbench.training import checkpoint
 from ampbench.verdict.comparison import ArmReport, Numerics, Outcomes, PairedStatistics, paired_statistics
@@ -63,7 +71,7 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     tracking.check_uri(tracking.store_uris(project_root)[0])
     experiment_id = tracking.setup(project_root, params.mlflow.experiment)  # a store that fails: no report yet
     device = resolve_device(tp.device)
-    task = resolve_task(tp.task, tp.block_size)
+    task = HeldToContract(resolve_task(tp.task, tp.block_size))  # outcomes checked and probed as evaluated
     data = task.view(load_prepared(data_dir))
     summaries = {arm: _read_summary(ArmFiles(models_dir / arm).summary, arm, tp.seeds) for arm in tp.precisions}
     base = summaries[BASELINE]
@@ -85,12 +93,14 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     context = _context(params, task, data.meta, base, device, margins, noise)
     merged = {arm: {**row, **speed_rows.get(arm, {})} for arm, row in comparison.items()}
     rec = recommendation(merged, context)  # into the report, the log and the parent run
-    with published_together(reports_dir) as staging:  # all reports replaced at once, or none
-        _write_reports(reports, (comparison, speed_rows, details, merged), context, rec, ReportFiles(staging))
-    log(rec.plain)
     seed_runs, parent = runs.evaluation_runs(params, tags, rec, reports, comparison, speed_rows, context,
                                              dvc_md5(data_dir))
-    runs.log_evaluation(experiment_id, tags, seed_runs, parent, ReportFiles(reports_dir))
+    with published_together(reports_dir) as staging:  # all reports replaced at once, or none
+        _write_reports(reports, (comparison, speed_rows, details, merged), context, rec, ReportFiles(staging))
+        # Logged from the staging folder, before publishing: a store that fails now leaves the old reports, not
+        # new ones that look finished while MLflow holds nothing (the parent run is found by its key on a rerun).
+        runs.log_evaluation(experiment_id, tags, seed_runs, parent, ReportFiles(staging))
+    log(rec.plain)
     return comparison
 
 
@@ -126,13 +136,15 @@ def check_fingerprints(summaries: dict[str, ArmSummary]) -> None:
                                 f"software ({shown_diff}); retrain both on one machine (dvc repro --force)")
 
 
-def _load_arm_model(ckpt_path: Path, device: torch.device) -> torch.nn.Module:
+def _load_arm_model(ckpt_path: Path, arm: str, seed: int, device: torch.device) -> torch.nn.Module:
+    """``arm``'s final model of ``seed``, from a checkpoint that says it is that arm's and seed's."""
     if not ckpt_path.exists():
         raise DataError(f"{ckpt_path}: missing; {_RETRAIN}")
     ck = checkpoint.load(ckpt_path)
+    raw = ck.get("meta") if isinstance(ck, dict) else None
+    m = check_checkpoint(raw, ckpt_path, arm, seed, _RETRAIN)
     try:
-        m = ck["meta"]
-        model = build_for(ModelSpec.from_meta(m["model"]), m["contract"])
+        model = build_for(ModelSpec.from_meta(m.model), m.contract)
         model.load_state_dict(ck["model"])
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # altered: not what train wrote
         raise DataError(f"{ckpt_path}: not a checkpoint the train stage wrote ({type(exc).__name__}: "
@@ -166,11 +178,11 @@ def _evaluate_arm(summary: ArmSummary, params: Params, task: Task, test: Split, 
     arm = summary.arm
     policy, strict = resolve_policy(arm, device, params.train.fp32_modules), resolve_policy(BASELINE, device)
     files = ArmFiles(folder)
-    histories = check_history(read_json(files.history, _RETRAIN), files.history, _RETRAIN)
+    histories = check_history(read_json(files.history, _RETRAIN), files.history, arm, _RETRAIN)
     ev = params.evaluate
     per_seed, examples = {}, {}
     for seed in params.train.seeds:
-        model = _load_arm_model(files.checkpoint(seed), device)
+        model = _load_arm_model(files.checkpoint(seed), arm, seed, device)
         if arm == BASELINE:
             refs[seed] = model  # fp32's evaluation leaves it as it was: strict float32, eval mode
         result = task.evaluate(model, refs[seed], policy, strict, test, ev.batch_size, ev.calibration_bins)
@@ -216,6 +228,7 @@ def _context(params: Params, task: Task, meta: dict, base: ArmSummary, device: t
                       noise=noise, confidence=params.evaluate.confidence, prepare=params.prepare.to_dict(),
                       batch_size=params.train.batch_size,
                       test=HeldOut(meta["sizes"]["test"], meta.get("test_from"), meta.get("test_available")),
+                      data_notes=tuple(cut_notes(meta)),
                       note=cpu_note(hw.cpu_16bit_flags) if device.type == "cpu" else None)
 
 

@@ -176,7 +176,7 @@ class ArmOutputs:
     def finished(self, summary: dict[str, Any], histories: dict[str, list[dict]]) -> None:
         """The arm is complete: history.json and summary.json; nothing left to resume."""
         if self.enabled:
-            atomic_write_json(self.files.history, histories)
+            atomic_write_json(self.files.history, {"arm": self.arm, "seeds": histories})  # bound to its arm
             atomic_write_json(self.files.summary, summary)
             shutil.rmtree(self.resume_dir, ignore_errors=True)
 

@@ -11,6 +11,7 @@ import torch
 
 from ampbench.config import arms
 from ampbench.config.params import Params
+from ampbench.config.rules import float8_needs_compile
 from ampbench.data.loader import batches_per_epoch
 from ampbench.data.splits import Prepared
 from ampbench.errors import ParamsError
@@ -33,8 +34,9 @@ def check_steps(params: Params, data: Prepared, world: distributed.World) -> Non
 
 
 def check_model(params: Params, data: Prepared, task: Task, device: torch.device) -> dict[str, Any]:
-    """Build train.model once and run a dry forward and backward on two training samples on ``device``, with
-    training's determinism settings: ModelError (one line) before any work. Returns the model's identity."""
+    """Build train.model once and run a dry forward and backward (through the task's loss) on two training samples
+    on ``device``, with training's determinism settings, and probe the task's evaluation on a few test examples:
+    ModelError or ParamsError (one line) before any work. Returns the model's identity."""
     tp = params.train
     set_deterministic(tp.deterministic, tp.cudnn_benchmark, tp.compile)
     spec, contract = ModelSpec.from_train(tp), task.model_args(data.meta)
@@ -46,13 +48,14 @@ def check_model(params: Params, data: Prepared, task: Task, device: torch.device
         except ValueError as exc:
             raise ParamsError(str(exc)) from None
         check_float8(fp8, plain, float32, tp, device)
-    return inspect_model(spec, data.train.inputs(data.train.x[:2]), contract, device, task)
+    return inspect_model(spec, data.train.inputs(data.train.x[:2]), contract, device, task, data.train.y[:2],
+                         data.test)  # the task's loss and evaluation held to its contract, too
 
 
 def check_float8(fp8: list[str], model: torch.nn.Module, float32: list[str], tp, device: torch.device) -> None:
     """Refuse, before any arm trains, fp8 arms in train.precisions that would convert no Linear layer of the model
-    (they would train as bf16 under an fp8 label), and fp8 on CUDA without torch.compile (torchao's float8 casts
-    are fused by it; eager fp8 is slower than bf16, and comparing it with uncompiled arms would not be fair)."""
+    (they would train as bf16 under an fp8 label), and fp8 on CUDA without torch.compile (``config.rules``' rule,
+    for the device ``train.device: auto`` resolved to)."""
     if not fp8:
         return
     from ampbench.precision.float8 import choices, no_eligible
@@ -62,10 +65,8 @@ def check_float8(fp8: list[str], model: torch.nn.Module, float32: list[str], tp,
         raise ParamsError(f"train.model: {no_eligible(chosen)}, so {', '.join(fp8)} would train as bf16 under an fp8 "
                           f"label; use a model with Linear layers of multiples of 16 (e.g. mlp, vit_tiny, gpt) or "
                           f"drop {', '.join(fp8)} from train.precisions")
-    if device.type == "cuda" and not tp.compile:
-        raise ParamsError(f"train.compile: {', '.join(fp8)} on CUDA needs torch.compile (torchao's float8 recipe: "
-                          "eager float8 is slower than bf16); set -S train.compile=true, which compiles every arm "
-                          "alike")
+    for key, why in float8_needs_compile(fp8, tp.compile, device.type):  # the check stage's rule, on this device
+        raise ParamsError(f"{key}: {why}")
 
 
 LARGE_REQUEST = 10  # × the default run's arms × seeds × epochs: beyond it, the plan and its estimate are printed

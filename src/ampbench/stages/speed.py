@@ -15,26 +15,25 @@ from typing import Any, Callable
 import torch
 
 from ampbench.config.params import Params
+from ampbench.config.rules import speed_sizes
 from ampbench.data.splits import Split
 from ampbench.errors import ArmUnavailable, ParamsError
 from ampbench.precision.policy import resolve_policy
 from ampbench.runtime.hardware import fingerprint
-from ampbench.speed.budget import Sizes, size_problem
+from ampbench.speed.budget import Sizes
 from ampbench.speed.harness import LoopArm, isolated_memory, measure
 from ampbench.speed.ratios import rounds_text, summarise
 from ampbench.tasks.contract import Task
 from ampbench.training.loop import build_run
 
-KEYS = {"seconds": "seconds_per_arm"}  # a size's speed key, where the names differ
-
 
 def sizes(params: Params, batches_per_pass: int | None = None) -> Sizes:
-    """The speed params as the harness's sizes (``ParamsError`` naming the speed key that cannot measure), the
-    window cut to one pass over the data when ``batches_per_pass`` is given."""
+    """The speed params as the harness's sizes (``ParamsError`` naming the speed key that cannot measure: the check
+    stage's rule, ``config.rules.speed_sizes``), the window cut to one pass over the data when ``batches_per_pass``
+    is given."""
     sp = params.speed
-    problem = size_problem(sp.rounds, sp.steps, sp.window, sp.warmup_steps, sp.seconds_per_arm)
-    if problem:
-        raise ParamsError(f"speed.{KEYS.get(problem[0], problem[0])}: {problem[1]}")
+    for key, why in speed_sizes(sp):
+        raise ParamsError(f"{key}: {why}")
     s = Sizes(sp.rounds, sp.steps, sp.window, sp.warmup_steps, sp.seconds_per_arm)
     return s if batches_per_pass is None else s.within(batches_per_pass)
 

@@ -20,7 +20,7 @@ from ampbench.data.loader import batches_per_epoch
 from ampbench.data.prepare import load_prepared
 from ampbench.errors import AmpbenchError, ArmUnavailable, Diverged, StoreError
 from ampbench.precision.policy import describe_line, resolve_device, resolve_policy
-from ampbench.report.advice import fix_line
+from ampbench.report.advice import float32_fix
 from ampbench.runtime import distributed
 from ampbench.runtime.files import dvc_md5, json_digest
 from ampbench.runtime.hardware import fingerprint, peak_memory_mb, reset_peak_memory
@@ -224,9 +224,10 @@ def _diverged(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: A
     out.log(f"seed {job.seed}: DIVERGED: {exc}")
     record = {"run_id": progress.run_id, "diverged": str(exc), "first_nonfinite": exc.culprit, "flops": flops,
               "activations": merge_tables([r.activations for r in progress.records] + [exc.activations])}
-    if exc.culprit:
-        record["fix"] = fix_line([exc.culprit["module"]])
-        out.log(f"seed {job.seed}: keep it in float32: {record['fix']}")
+    fix = float32_fix(exc.culprit, job.policy.low_precision) if exc.culprit else None
+    if fix:  # a module of a 16-bit arm: never the loss, never an arm that already computes in float32
+        record["fix"] = fix
+        out.log(f"seed {job.seed}: keep it in float32: {fix}")
     out.numerics(job, progress.run_id, record)
     return record
 

@@ -19,9 +19,13 @@ def setup(project_root: Path, experiment: str) -> str:
 
     Raises AmpbenchError (one line) for a malformed, unreachable or unwritable store — before training starts.
     """
+    import logging
+
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    for noisy in ("mlflow.store.db.utils", "alembic"):  # a new store's "Creating initial tables…": not for the user,
+        logging.getLogger(noisy).setLevel(logging.WARNING)  # and a stage's error stays its one line of stderr
     uri, artifact_location = store_uris(project_root)
     check_uri(uri)
     mlflow.set_tracking_uri(uri)

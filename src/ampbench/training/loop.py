@@ -149,7 +149,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
                 sums.add(loss, logits, batch.y, batch.size)
             state.step += 1
             speed.after_step(batch.size, loss, state.step)
-            numerics.after_step(state.step, batch, loss, sums.loss)  # blame a bad step; sampled: check divergence
+            numerics.after_step(state.step, batch, loss, sums.loss, logits)  # blame bad steps; check divergence
         seconds = speed.epoch_end()
         if numerics.stepped(state.step):  # the LR schedule advances only when the optimizer really stepped
             state.scheduler.step()

@@ -55,12 +55,13 @@ def train_step(model, optimizer, scaler, policy: PrecisionPolicy, x: torch.Tenso
 
 
 def forward_backward(model: nn.Module, policy: PrecisionPolicy, x: torch.Tensor, y: torch.Tensor, scale: float = 1.0,
-                     loss_multiplier: float = 1.0, task: Task = CLASSIFICATION) -> None:
+                     loss_multiplier: float = 1.0, task: Task = CLASSIFICATION) -> torch.Tensor:
     """The training step's forward and backward (at loss scale ``scale``), without the optimizer: gradients are
-    left in ``.grad``. Wrap it in ``side_effect_free`` to leave training as it was."""
+    left in ``.grad``; returns the (unscaled) loss. Wrap it in ``side_effect_free`` to leave training as it was."""
     model.zero_grad(set_to_none=True)
     loss, _ = forward_loss(model, policy, x, y, task)
     (loss * loss_multiplier * scale).backward()
+    return loss.detach()
 
 
 @contextlib.contextmanager

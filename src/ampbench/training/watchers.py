@@ -72,16 +72,21 @@ class NumericsWatch:
         with sync_guard(self.sync_debug and not self.hooked), self.health.watch(), hooks:
             yield self.grads if self.sample else None
 
-    def after_step(self, step: int, batch: Batch, loss: torch.Tensor, loss_sum: torch.Tensor) -> None:
+    def after_step(self, step: int, batch: Batch, loss: torch.Tensor, loss_sum: torch.Tensor,
+                   logits: torch.Tensor | None = None) -> None:
         """After step ``step`` (the run's count, this one included): blame a bad hooked step; on sampled steps the
-        divergence check (``loss_sum``: the epoch's running loss sum) and the step's row."""
+        divergence check (``loss_sum``: the epoch's running loss sum) and the step's row. Without a scaler, the
+        ``loss`` and the ``logits`` of every step go to the finder (on the device), so a non-finite loss between
+        sampled steps is still told from a non-finite output."""
         self.batch = batch
+        if logits is not None and not self.health.enabled:
+            self.finder.watch_loss(loss, logits, step)
         if self.hooked:
             # A skipped step left the weights as they were, so it can be replayed as it ran.
             replay = (functools.partial(replay_first_nonfinite, self.model, self.policy, batch.x, batch.y,
                                         self.scale, self.loss_multiplier, step, self.task)
                       if self.health.enabled else None)
-            self.finder.after_step(self.acts, self.health.went_bad(loss), step, self.scale, replay)
+            self.finder.after_step(self.acts, self.health.went_bad(loss), step, self.scale, replay, loss, self.task)
         if self.sample:
             self.finder.skips_seen(self.health.skipped_steps())
             self.check(step, loss_sum)
