@@ -199,6 +199,21 @@ def stage_command(name: str, params: Path, *args: str) -> list[str]:
     return [sys.executable, str(ROOT / "pipeline" / f"{name}.py"), "--params", str(params), *args]
 
 
+def train_fp32_only(root: Path, data: Path) -> tuple[dict, Path, Path]:
+    """(params, params file, models folder) of the tiny params' fp32 arm alone (no logged model) trained once in
+    ``root`` on the prepared ``data``: the models the evaluate-side tests damage or evaluate again."""
+    params = yaml.safe_load(yaml.safe_dump(TINY))
+    params["train"].update({"precisions": ["fp32"]})
+    params["mlflow"]["log_model"] = False
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    # In a subprocess: training sets process-wide torch flags that a module fixture would leak into later tests.
+    run_ok(stage_command("train", path, "--precision", "fp32", "--data", str(data), "--out",
+                         str(root / "models" / "fp32"), "--resume-dir", str(root / ".resume")), root,
+           clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}"))
+    return params, path, root / "models"
+
+
 @pytest.fixture
 def write_params(tmp_path):
     def write(params: dict, name: str = "params.yaml") -> Path:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import ARM_RUNS, TINY, clean_env, run_ok, stage_command
+from conftest import ARM_RUNS, TINY, train_fp32_only
 from test_cli import _stage
 
 
@@ -359,19 +359,8 @@ def test_batches_per_epoch_counts_what_the_loader_yields():
 @pytest.fixture(scope="module")
 def trained(prepared, tmp_path_factory):
     """(params file, models folder) of a tiny fp32-only run, trained once for the file-damage cases below."""
-    import yaml
-
-    root = tmp_path_factory.mktemp("trained")
-    params = yaml.safe_load(yaml.safe_dump(TINY))
-    params["train"].update({"precisions": ["fp32"]})
-    params["mlflow"]["log_model"] = False
-    path = root / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    # In a subprocess: training sets process-wide torch flags that a module fixture would leak into later tests.
-    run_ok(stage_command("train", path, "--precision", "fp32", "--data", str(prepared), "--out",
-                         str(root / "models" / "fp32"), "--resume-dir", str(root / ".resume")), root,
-           clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}"))
-    return path, root / "models"
+    _, path, models = train_fp32_only(tmp_path_factory.mktemp("trained"), prepared)
+    return path, models
 
 
 # What evaluate reads from models/fp32/, altered: (id, file, damage, expected text after the file name)

@@ -28,7 +28,7 @@ from ampbench.tasks.classification import CLASSIFICATION, Classification
 from ampbench.tasks.contract import SeedEvaluation
 from ampbench.training.loop import fit, init_state
 from ampbench.training.state import LoopConfig
-from conftest import TINY, clean_env, run_ok, stage_command
+from conftest import TINY, train_fp32_only
 
 CPU = torch.device("cpu")
 
@@ -199,18 +199,10 @@ class Renamed(Classification):
 def trained(tmp_path_factory):
     """(params, prepared data, models folder) of a tiny fp32-only run with the built-in task, trained once."""
     root = tmp_path_factory.mktemp("trained")
-    params = yaml.safe_load(yaml.safe_dump(TINY))
-    params["train"].update({"precisions": ["fp32"]})
-    params["mlflow"]["log_model"] = False
-    path = root / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
     data = root / "prepared"
-    save_prepared(prepare(validate(params).prepare, root / "raw"), data)
-    # In a subprocess: training sets process-wide torch flags that a module fixture would leak into later tests.
-    run_ok(stage_command("train", path, "--precision", "fp32", "--data", str(data), "--out",
-                         str(root / "models" / "fp32"), "--resume-dir", str(root / ".resume")), root,
-           clean_env(MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}"))
-    return params, data, root / "models"
+    save_prepared(prepare(validate(TINY).prepare, root / "raw"), data)
+    params, _, models = train_fp32_only(root, data)
+    return params, data, models
 
 
 @pytest.mark.parametrize("task, expected", [
