@@ -437,6 +437,23 @@ def test_damaged_inputs_of_evaluate_are_one_line_naming_the_file(case, trained, 
     assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").rglob("*"))
 
 
+@pytest.mark.parametrize("arms", [[1, 2], {"fp32": "fast"}, {"fp32": {"rounds": "many"}}],
+                         ids=["list", "word", "rounds"])
+def test_a_speed_result_with_wrong_typed_arms_is_one_line(arms, trained, prepared, tmp_path, mlflow_store):
+    """reports/interleaved.json was the one input not read through a schema: wrong-typed arms were a traceback."""
+    params, models = trained
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    speed = reports / "interleaved.json"
+    speed.write_text(json.dumps({"device": "cpu", "device_type": "cpu", "params": {}, "arms": arms}))
+    result = _invoke("evaluate", ["--params", str(params), "--data", str(prepared), "--models", str(models),
+                                  "--reports", str(reports)])
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: {speed}: field arms") and "Traceback" not in err, err
+    assert [p.name for p in reports.iterdir()] == ["interleaved.json"]  # nothing published
+
+
 def test_a_store_that_fails_while_evaluate_logs_publishes_no_report(trained, prepared, tmp_path, mlflow_store,
                                                                      monkeypatch):
     """The reports were published before the MLflow logging, so a store that broke then left reports that looked
