@@ -325,7 +325,7 @@ def _diverged_record(arm: str, culprit: dict) -> tuple[dict, list[str]]:
 
     logged: list[str] = []
     out = SimpleNamespace(log=logged.append, numerics=lambda *a: None)
-    job = SimpleNamespace(seed=0, policy=resolve_policy(arm, CPU))
+    job = SimpleNamespace(arm=arm, seed=0, policy=resolve_policy(arm, CPU))
     record = _diverged(job, Diverged("diverged", culprit=culprit), SimpleNamespace(run_id="r", records=[]), out, None)
     return record, logged
 

@@ -28,6 +28,11 @@ class Arm:
     default: bool = False  # in the default train.precisions
 
     @property
+    def low_precision(self) -> bool:
+        """Computes in 16 or 8 bits somewhere (autocast, 16-bit weights, float8 layers); fp32 and tf32 do not."""
+        return self.autocast is not None or self.pure or self.float8 is not None
+
+    @property
     def pure(self) -> bool:
         """Weights (and optimizer state) in 16 bits: no float32 copy of any parameter."""
         return self.param_dtype != "float32"

@@ -205,19 +205,13 @@ def fix_line(modules: list[str]) -> str:
     return f".venv/bin/dvc exp run --temp -S 'train.fp32_modules=[{listed}]'"
 
 
-def float32_fix(culprit: dict[str, Any], low_precision: bool) -> str | None:
+def float32_fix(culprit: dict[str, Any], arm: str) -> str | None:
     """The rerun that keeps the first non-finite module in float32, where it can help: a module of the model (not
     the task's loss, not a replay that stayed finite) in an arm that computes in 16 or 8 bits. The fp32 and tf32
     arms already compute in float32 (train.fp32_modules changes nothing there), so they are never told to."""
-    if not low_precision or culprit.get("phase") in ("loss", "none"):
+    if not get_arm(arm).low_precision or culprit.get("phase") in ("loss", "none"):
         return None
     return fix_line([culprit["module"]])
-
-
-def computes_in_low_precision(policy: dict[str, Any]) -> bool:
-    """Whether an arm (``policy``: what ran, ``PrecisionPolicy.describe``) computed in 16 or 8 bits anywhere."""
-    return (policy.get("autocast_dtype", "off") != "off" or policy.get("param_dtype", "float32") != "float32"
-            or policy.get("float8", "off") != "off")
 
 
 COMPUTE_BOUND_SHARE = 0.4  # of the dense peak: the tensor cores are busy; a lower precision is what helps

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from ampbench.config.arms import BASELINE
-from ampbench.report.advice import bound_by, computes_in_low_precision, float32_fix, no_effect
+from ampbench.report.advice import bound_by, float32_fix, no_effect
 from ampbench.verdict.comparison import ArmReport
 
 ACTIVATION_ROWS = 8  # modules shown in the report's activation table
@@ -67,7 +67,7 @@ def _nonfinite_lines(arms: list[ArmReport]) -> list[str]:
              "weight gradients):", ""]
     for a, seed, c in found:
         note = ""
-        fix = float32_fix(c, computes_in_low_precision(a.trained.policy))
+        fix = float32_fix(c, a.arm)
         if a.status == "diverged":
             note = f" — the arm diverged; to keep that module in float32: `{fix}`" if fix else " — the arm diverged"
         elif c["loss_scale"] >= 2.0**15 and c["phase"] not in ("forward", "loss"):

@@ -224,7 +224,7 @@ def _diverged(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: A
     out.log(f"seed {job.seed}: DIVERGED: {exc}")
     record = {"run_id": progress.run_id, "diverged": str(exc), "first_nonfinite": exc.culprit, "flops": flops,
               "activations": merge_tables([r.activations for r in progress.records] + [exc.activations])}
-    fix = float32_fix(exc.culprit, job.policy.low_precision) if exc.culprit else None
+    fix = float32_fix(exc.culprit, job.arm) if exc.culprit else None
     if fix:  # a module of a 16-bit arm: never the loss, never an arm that already computes in float32
         record["fix"] = fix
         out.log(f"seed {job.seed}: keep it in float32: {fix}")
