@@ -84,6 +84,13 @@ def test_precision_names_come_from_the_arm_registry():
         ({"evaluate": {"margin": {"loss": "sometimes"}}}, "evaluate.margin.loss:"),
         ({"train": {"seeds": [0]}, "evaluate": {"margin": {"accuracy_pp": "auto"}}},
          "evaluate.margin.accuracy_pp: auto derives the margin from fp32's seed-to-seed variation"),
+        ({"train": {"seeds": [0, 1]}, "evaluate": {"sequential": {"max_seeds": 6}}},
+         "train.seeds: 2 seeds is no look of the sequential design from evaluate.sequential.min_seeds=3 to "
+         "max_seeds=6"),
+        ({"train": {"seeds": [0, 1, 2]}, "evaluate": {"sequential": {"max_seeds": 6}, "margin": {"loss": "auto"}}},
+         "evaluate.margin.loss: auto moves with every look of a sequential design; set a number"),
+        ({"evaluate": {"sequential": {"spending": "haybittle"}}}, "evaluate.sequential.spending:"),
+        ({"evaluate": {"sequential": {"min_seeds": 1}}}, "evaluate.sequential.min_seeds: Input should be greater"),
     ],
 )
 def test_bad_params_name_the_key(raw, expected):

@@ -208,6 +208,38 @@ def compare(revisions: tuple[str, ...], repo: str, json_out: Path | None) -> Non
         json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
+@main.command()
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
+              help="Project root (a git + DVC repo holding params.yaml and dvc.yaml).")
+@click.option("--min-seeds", type=click.IntRange(2, 1000), default=3, show_default=True,
+              help="Seeds at the first look (2 rarely decides: the t interval over 2 seeds has 1 degree of freedom).")
+@click.option("--max-seeds", type=click.IntRange(2, 1000), default=8, show_default=True,
+              help="Seeds at the last look: the procedure stops there at the latest.")
+@click.option("--spending", type=click.Choice(["pocock", "obrien_fleming"]), default="pocock", show_default=True,
+              help="Alpha-spending function: pocock stops earlier, obrien_fleming keeps the last look nearly as "
+                   "strict as a fixed design's (docs/verdict.md#seeds-until-decided).")
+@click.option("--until", type=click.Choice(["not_worse", "equivalent"]), default="not_worse", show_default=True,
+              help="Stop once every arm's not-worse verdict is decided, or its equivalence verdict too.")
+@click.option("--first-seed", type=click.IntRange(0), default=0, show_default=True,
+              help="The looks train seeds first-seed, first-seed + 1, …")
+@click.option("-S", "--set", "extra", multiple=True, metavar="KEY=VALUE",
+              help="A params setting for every look, as `dvc exp run -S` takes it (repeatable).")
+@one_line_errors
+def decide(root: Path, min_seeds: int, max_seeds: int, spending: str, until: str, first_seed: int,
+           extra: tuple[str, ...]) -> None:
+    """Train seed by seed until every arm's verdict is decided: one `dvc exp run` per look, from --min-seeds to
+    --max-seeds, with verdicts valid over the repeated looks (alpha spending). Rerunning it trains nothing new."""
+    from ampbench.stages.decide import decide as run_looks
+    from ampbench.verdict.sequential import Design
+
+    if min_seeds > max_seeds:
+        raise click.BadParameter(f"{min_seeds} is more than --max-seeds {max_seeds}", param_hint="--min-seeds")
+    design = Design(min_seeds, max_seeds, spending, until=until)
+    result = run_looks(root.resolve(), design, first_seed, extra, say=click.echo)
+    click.echo(f"stopped at look {result.look} with seeds {result.seeds}: reports/report.md; each look in "
+               "`dvc exp show`, and in MLflow under the tag sequential.group")
+
+
 @main.command("sync-params")
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
               help="Project root holding params.yaml and dvc.yaml.")

@@ -9,11 +9,11 @@ bench take them as they are, also on a GPU box without pydantic (annotations are
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from ampbench.config.arms import ABLATIONS, BASELINE, MAIN, NAMES, OPT_IN
+from ampbench.config.knobs import _FORBID_EXTRA, SEED_MAX, _Section, at_least, knob, text  # noqa: F401
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "imagefolder", "synthetic", "text")  # or a factory
 MODELS = ("small_cnn", "resnet18", "mlp", "vit_tiny", "gpt")  # the built-ins; see model_kind for the other forms
@@ -27,48 +27,6 @@ SECTION_STAGES = {"prepare": ("prepare",), "train": ("train",), "speed": ("speed
 # The speed stage times every arm's training step, so it reads every train key that shapes a step (the input path
 # too) — but not the run's length, its seeds or the progress bar. config/sync.py applies this to the train keys.
 NOT_READ_BY_SPEED = ("train.seeds", "train.epochs", "train.progress", "train.nproc_per_node", "train.eval_every")
-def at_least(bound: float, most: float | None = None):
-    """Bounds for one member of a union (``float | Literal["auto"]``, where a knob's ge would also be applied to
-    the string) or of a list (each seed)."""
-    from pydantic import Field
-
-    return Field(ge=bound, le=most)
-
-
-def text(most: int):
-    """Bounds for one string of a list: not empty, at most ``most`` characters."""
-    from pydantic import Field
-
-    return Field(min_length=1, max_length=most)
-
-
-# Upper bounds are what a machine can honour: NumPy seeds are 32-bit; counts and sizes beyond these would take
-# days or more memory than any machine has, and are far more likely a typo than a plan.
-SEED_MAX = 2**32 - 1
-
-
-# extra="forbid": a typo such as `train.epoch` is an error instead of a silently ignored key.
-_FORBID_EXTRA = {"extra": "forbid"}
-
-
-def knob(doc: str, *, stages: tuple[str, ...] | None = None, **constraints: Any):
-    """Annotation metadata for one key: its comment in params.yaml, the stages whose outputs depend on it (None:
-    the section's stages; ``()``: none, e.g. display only) and pydantic constraints (gt=0, …).
-
-    Only evaluated when validating or syncing files, where pydantic is installed.
-    """
-    from pydantic import Field
-
-    extra = None if stages is None else {"stages": list(stages)}
-    return Field(description=doc, json_schema_extra=extra, **constraints)
-
-
-class _Section:
-    """Shared helpers of the section dataclasses."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict (for MLflow params, resume keys and params.yaml)."""
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -246,6 +204,24 @@ class MarginParams(_Section):
 
 
 @dataclass(frozen=True)
+class SequentialParams(_Section):
+    """Seeds until decided (``ampbench decide``): the looks, one per seed from min_seeds, and their boundaries."""
+
+    __pydantic_config__ = _FORBID_EXTRA
+
+    max_seeds: Annotated[int | None, knob(
+        "null: the fixed design (every seed of train.seeds, one look). A number: train.seeds are the looks so far "
+        "of a sequential design that stops at this many seeds at most (docs/verdict.md#seeds-until-decided)",
+        ge=2, le=1000)] = None
+    min_seeds: Annotated[int, knob("seeds at the first look", ge=2, le=1000)] = 3
+    spending: Annotated[Literal["pocock", "obrien_fleming"], knob(
+        "alpha-spending function: pocock (the error spread evenly over the looks: early stops) | obrien_fleming "
+        "(almost none early: a last look nearly as strict as the fixed design's)")] = "pocock"
+    until: Annotated[Literal["not_worse", "equivalent"], knob(
+        "stop when every arm's deciding not-worse verdict is decided, or its equivalence verdict too")] = "not_worse"
+
+
+@dataclass(frozen=True)
 class EvaluateParams(_Section):
     __pydantic_config__ = _FORBID_EXTRA
 
@@ -255,6 +231,8 @@ class EvaluateParams(_Section):
     calibration_bins: Annotated[int, knob("bins of the expected calibration error", ge=2, le=10_000)] = 15
     margin: Annotated[MarginParams, knob("equivalence margins for the verdicts")] = field(
         default_factory=MarginParams)
+    sequential: Annotated[SequentialParams, knob("seeds until decided: set by ampbench decide")] = field(
+        default_factory=SequentialParams)
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,19 @@ def _margins(p: Params) -> Problems:
             for key in ("accuracy_pp", "loss") if getattr(p.evaluate.margin, key) == "auto" and len(seeds) < 2]
 
 
+def _sequential(p: Params) -> Problems:
+    """A sequential design's looks: train.seeds between its first and its last look; margins fixed in advance
+    (an auto margin moves with every look, and the boundaries assume it does not)."""
+    sq, seeds = p.evaluate.sequential, p.train.seeds
+    if sq.max_seeds is None:
+        return []
+    if not sq.min_seeds <= len(seeds) <= sq.max_seeds:
+        return [("train.seeds", f"{len(seeds)} seeds is no look of the sequential design from "
+                                f"evaluate.sequential.min_seeds={sq.min_seeds} to max_seeds={sq.max_seeds}")]
+    return [(f"evaluate.margin.{key}", "auto moves with every look of a sequential design; set a number")
+            for key in ("accuracy_pp", "loss") if getattr(p.evaluate.margin, key) == "auto"]
+
+
 def _batches(p: Params) -> Problems:
     tp, problems = p.train, []
     if tp.cudnn_benchmark and tp.deterministic:
@@ -211,6 +224,7 @@ RULES = (
     Rule("train.precisions: the fp32 baseline, unique arms and seeds, arms that can honour the optimizer, "
          "train.fp32_modules and (on CUDA) train.compile", _arms),
     Rule("evaluate.margin: auto needs two seeds", _margins),
+    Rule("evaluate.sequential: train.seeds within its looks, margins set in advance", _sequential),
     Rule("train.batch_size: batches that train and split over the processes; no timing autotuner when "
          "deterministic", _batches),
     Rule("speed: sizes that measure (two windows a round)", lambda p: speed_sizes(p.speed)),

@@ -11,6 +11,7 @@ from typing import Any
 from ampbench.config.records import ModelRecord
 from ampbench.tasks.classification import CLASSIFICATION
 from ampbench.tasks.contract import Task
+from ampbench.verdict.sequential import Looks
 from ampbench.verdict.stats import Margins, SeedNoise
 
 
@@ -44,6 +45,7 @@ class RunContext:
     test: HeldOut = field(default_factory=HeldOut)
     data_notes: tuple[str, ...] = ()  # what prepare's caps cut, in the data's unit (data.prepare.cut_notes)
     note: str | None = None  # the CPU note (advice.cpu_note)
+    looks: Looks | None = None  # a sequential comparison: its design and where it stands (verdict/sequential.py)
 
     @property
     def by_loss(self) -> bool:

@@ -35,7 +35,7 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
     recommended arm, then the details: model and method, the full table, the reasons, the plans, throughput, what
     ran, the numerics. ``comparison``: the merged comparison and speed rows per arm."""
     lines = ["# ampbench: mixed precision vs strict fp32", "", rec.headline, "",
-             *first_table(arms, comparison, context, rec)]
+             *sequential_lines(context), *first_table(arms, comparison, context, rec)]
     if rec.code:
         lines += ["", "In your own training step:", "", "```python", rec.code, "```"]
     lines += ["", "## Details", "", f"Model {model_line(context.model)}.", "", details.method(context), ""]
@@ -48,6 +48,22 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
     if context.note:
         lines += ["", context.note]
     return "\n".join(lines) + "\n"
+
+
+def sequential_lines(context: RunContext) -> list[str]:
+    """A sequential comparison's look, why it stopped or goes on, where each arm decided, and what its levels mean
+    (nothing for the fixed design)."""
+    if context.looks is None:
+        return []
+    o, d = context.looks.outcome, context.looks.design
+    where = "; ".join(f"{arm} {'at ' + str(at) + ' seeds' if at else 'undecided'}" for arm, at in o.decided_at.items())
+    level, alpha = 100 * (1 - o.look.decide_confidence) / 2, 100 * (1 - d.confidence)
+    return [f"**Seeds until decided** ({'stopped' if o.stopped else 'going on'}): {o.reason}. Decided: {where}. "
+            f"Looks from {d.min_seeds} to {d.max_seeds} seeds, {d.spending.replace('_', '–')} alpha spending: each "
+            f"look's one-sided bounds leave {level:.2f}% on each side here, less than a single look's {alpha:g}%, "
+            f"so that over every look false *not worse* and *equivalent* verdicts stay at {alpha:g}% and the "
+            f"intervals cover at {100 * d.confidence:g}%; an arm's verdicts are those of the look that decided it "
+            "(docs/verdict.md#seeds-until-decided).", ""]
 
 
 FIRST_TABLE_COLUMNS = ("arm", "not worse?", "Δ [CI]", "speed × fp32 [CI]", "time to fp32's quality × fp32",

@@ -6,5 +6,6 @@
 - ``resume``: when a checkpoint may be continued; the progress record; reuse of finished seeds.
 - ``speed``: the speed stage: the harness (``speed/``) on the user's model, data and input path.
 - ``evaluate``: the evaluate stage: predict every arm and seed, the verdicts, the reports.
+- ``decide``: ``ampbench decide``: one ``dvc exp run`` per look of a sequential design, until it stops.
 - ``runs``: what the evaluate stage puts into MLflow (seed runs, the parent run), and logging it.
 """

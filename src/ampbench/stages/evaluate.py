@@ -20,7 +20,7 @@ import torch
 from ampbench import tracking
 from ampbench.config.arms import BASELINE
 from ampbench.config.layout import INTERLEAVED, ArmFiles, ReportFiles
-from ampbench.config.params import Params
+from ampbench.config.params import EvaluateParams, Params
 from ampbench.config.records import (
     ArmSummary,
     SpeedResult,
@@ -54,6 +54,7 @@ from ampbench.verdict.comparison import ArmReport, Numerics, Outcomes, PairedSta
 from ampbench.verdict.decisions import one_sided_level
 from ampbench.verdict.metrics import seed_noise, summarise_seeds
 from ampbench.verdict.quality import arm_quality
+from ampbench.verdict.sequential import Design, Looks, outcome
 from ampbench.verdict.stats import Margins, SeedNoise, resolve_margins
 from ampbench.verdict.tables import shown, tables
 
@@ -86,11 +87,9 @@ def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir:
     noise = seed_noise(reports[0].per_seed, predictions)  # reports[0]: the baseline
     margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
     attach_quality(reports, margins.loss)
-    for r in reports:
-        if r.ran:
-            r.stats = _paired(r, outcomes, task, margins, noise, ev.confidence)
-    comparison, speed_rows, details = tables(reports, noise, margins, task.deciding)
-    context = _context(params, task, data.meta, base, device, margins, noise)
+    looks = _judge(reports, outcomes, task, margins, noise, ev)
+    comparison, speed_rows, details = tables(reports, noise, margins, task.deciding, looks)
+    context = _context(params, task, data.meta, base, device, margins, noise, looks)
     merged = {arm: {**row, **speed_rows.get(arm, {})} for arm, row in comparison.items()}
     rec = recommendation(merged, context)  # into the report, the log and the parent run
     seed_runs, parent = runs.evaluation_runs(params, tags, rec, reports, comparison, speed_rows, context,
@@ -194,15 +193,42 @@ def _evaluate_arm(summary: ArmSummary, params: Params, task: Task, test: Split, 
     return report, Outcomes.stack(examples)
 
 
+def _judge(reports: list[ArmReport], outcomes: dict[str, Outcomes], task: Task, margins: Margins, noise: SeedNoise,
+           ev: EvaluateParams) -> Looks | None:
+    """Every evaluated arm's verdicts (``r.stats``). The fixed design: at the confidence, over every seed. A
+    sequential one (``evaluate.sequential``): at each look, over the smallest seeds of that look, at the look's
+    levels, keeping the verdicts of the first look that decides the arm; returns where the procedure stands."""
+    sq = ev.sequential
+    design = None if sq.max_seeds is None else Design(sq.min_seeds, sq.max_seeds, sq.spending, ev.confidence,
+                                                      sq.until)
+    decided_at: dict[str, int | None] = {}
+    for r in (r for r in reports if r.ran):
+        if design is None or r.arm == BASELINE:
+            r.stats = _paired(r, outcomes, task, margins, noise, ev.confidence, one_sided_level(ev.confidence))
+            continue
+        decided_at[r.arm] = None
+        for look in (lk for lk in design.looks() if lk.seeds <= len(r.per_seed)):
+            r.stats = _paired(r, outcomes, task, margins, noise, look.report_confidence, look.decide_confidence,
+                              look.seeds)
+            if design.decided(r.stats.decided.not_worse, r.stats.decided.verdict):
+                decided_at[r.arm] = look.seeds
+                break
+    if design is None:
+        return None
+    return Looks(design, outcome(design, len(reports[0].per_seed), decided_at))
+
+
 def _paired(r: ArmReport, outcomes: dict[str, Outcomes], task: Task, margins: Margins, noise: SeedNoise,
-            confidence: float) -> PairedStatistics:
-    """``r``'s verdicts against the baseline: the task's paired intervals at the confidence and at its one-sided
-    level (``comparison.paired_statistics``)."""
+            confidence: float, one_sided: float, seeds: int | None = None) -> PairedStatistics:
+    """``r``'s verdicts against the baseline: the task's paired intervals at ``confidence`` and at ``one_sided``
+    (``comparison.paired_statistics``), over the ``seeds`` smallest seeds (None: all)."""
     arm, ref = outcomes[r.arm], outcomes[BASELINE]
     finite = arm.finite and ref.finite
-    two = task.paired(arm.arrays, ref.arrays, confidence, finite)
-    one = task.paired(arm.arrays, ref.arrays, one_sided_level(confidence), finite)
-    return paired_statistics(r.per_seed, two, one, margins, noise, confidence, task.deciding)
+    rows = {k: v[:seeds] for k, v in arm.arrays.items()}, {k: v[:seeds] for k, v in ref.arrays.items()}
+    two = task.paired(*rows, confidence, finite)
+    one = task.paired(*rows, one_sided, finite)
+    per_seed = {s: r.per_seed[s] for s in sorted(r.per_seed)[:seeds]}
+    return paired_statistics(per_seed, two, one, margins, noise, confidence, task.deciding)
 
 
 def attach_quality(reports: list[ArmReport], margin: float) -> None:
@@ -218,7 +244,7 @@ def attach_quality(reports: list[ArmReport], margin: float) -> None:
 
 
 def _context(params: Params, task: Task, meta: dict, base: ArmSummary, device: torch.device, margins: Margins,
-             noise: SeedNoise) -> RunContext:
+             noise: SeedNoise, looks: Looks | None) -> RunContext:
     """What the report says about the run as a whole: data, model, seeds, device, margins, fp32's seed noise."""
     from ampbench.report.advice import cpu_note
 
@@ -229,7 +255,7 @@ def _context(params: Params, task: Task, meta: dict, base: ArmSummary, device: t
                       batch_size=params.train.batch_size,
                       test=HeldOut(meta["sizes"]["test"], meta.get("test_from"), meta.get("test_available")),
                       data_notes=tuple(cut_notes(meta)),
-                      note=cpu_note(hw.cpu_16bit_flags) if device.type == "cpu" else None)
+                      note=cpu_note(hw.cpu_16bit_flags) if device.type == "cpu" else None, looks=looks)
 
 
 def _write_reports(reports: list[ArmReport], rows: tuple[dict, dict, dict, dict], context: RunContext,

@@ -65,6 +65,9 @@ def evaluation_runs(params: Params, tags: dict[str, str], rec: Recommendation, r
              **{f"not_worse.{arm}": row["not_worse"] for arm, row in comparison.items() if "not_worse" in row},
              **{f"plan.{arm}": text for arm, text in plans.items()},
              **{f"{r.status}.{r.arm}": r.skipped_reason[:TAG_CHARS] for r in reports if not r.ran}}
+    if context.looks:  # every look of one sequential design shares a group: the params without the seeds
+        shared = {**params.to_dict(), "train": {k: v for k, v in params.train.to_dict().items() if k != "seeds"}}
+        ptags.update({**context.looks.tags(), "sequential.group": json_digest(shared, 16)})
     evaluate_params = tracking.flatten("evaluate", params.evaluate.to_dict())
     return seeds, ParentRun(flat, ptags, evaluate_params, json_digest(evaluate_params, 24))
 

@@ -4,6 +4,7 @@
 - ``variance``: variance components of the paired differences: seeds, examples, residual.
 - ``stats``: paired intervals (Tango with a design effect, t over seeds), fp32's seed noise, the margins.
 - ``decisions``: *equivalent* and *not worse* from one-sided bounds; against fp32's seed noise.
+- ``sequential``: seeds until decided: looks from a minimum of seeds, alpha-spending boundaries, the stop.
 - ``plan``: the test examples or seeds that would give 80% power to decide.
 - ``quality``: time to fp32's quality: steps to its validation loss × time per step.
 - ``comparison``: an arm against fp32, typed: ``ArmReport`` (its summary.json, metrics, speed, numerics), its

@@ -12,6 +12,7 @@ from typing import Any
 
 from ampbench.config.arms import BASELINE, TF32_REFERENCE
 from ampbench.verdict.comparison import ArmReport
+from ampbench.verdict.sequential import Looks
 from ampbench.verdict.stats import Margins, SeedNoise
 
 # The summary.json fields details.json repeats under "train": what ran and how fast it trained.
@@ -19,9 +20,10 @@ TRAIN_FIELDS = ("samples_per_s", "peak_memory_mb", "skipped_steps", "optimizer_s
                 "input_wait_share", "policy", "optimizer", "state_bytes", "float8")
 
 
-def tables(reports: list[ArmReport], noise: SeedNoise, margins: Margins,
-           deciding: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def tables(reports: list[ArmReport], noise: SeedNoise, margins: Margins, deciding: str,
+           looks: Looks | None = None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(comparison.json, speed.json, details.json) in full; ``shown`` cuts the first two to their DVC columns.
+    A sequential comparison (``looks``) adds each arm's ``decided_at_seeds`` and details.json's ``sequential``.
 
     comparison holds what training deterministically produces (verdicts, Δ with CI, agreement, …), so a fresh
     clone's `dvc repro` reproduces it exactly on CPU; speed holds the timings and memory, which never repeat
@@ -47,6 +49,10 @@ def tables(reports: list[ArmReport], noise: SeedNoise, margins: Margins,
         details[r.arm] = {**row, **timing, "statistics": r.stats.to_dict(), "mean_and_std": r.metrics,
                           "per_seed": r.per_seed, "train": {k: getattr(r.trained, k) for k in TRAIN_FIELDS},
                           "numerics": numerics, "time_to_fp32_quality": r.quality.to_dict() if r.quality else {}}
+    if looks:
+        for arm, at in looks.outcome.decided_at.items():
+            comparison[arm]["decided_at_seeds"] = details[arm]["decided_at_seeds"] = at
+        details["sequential"] = looks.to_dict()
     return comparison, speed, details
 
 
@@ -174,6 +180,8 @@ def shown(comparison: dict[str, Any], speed: dict[str, Any], deciding: str) -> t
         else:
             keys = SHOWN_LOSS if deciding == "loss" else SHOWN
         slim[arm] = {k: row[k] for k in keys if row.get(k) is not None}
+        if "decided_at_seeds" in row:  # a sequential comparison: None while undecided
+            slim[arm]["decided_at_seeds"] = row["decided_at_seeds"]
         if row.get("skipped_steps"):
             slim[arm]["skipped_steps"] = row["skipped_steps"]
     for arm, row in speed.items():

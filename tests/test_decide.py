@@ -1,0 +1,92 @@
+"""`ampbench decide` (issue 39): seeds until decided, one `dvc exp run` per look in a temporary git + DVC repo; the
+report, details.json and MLflow say which look it is and why it stopped; a rerun trains nothing new."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import TINY, make_project_repo, run_ok
+
+pytestmark = pytest.mark.slow
+
+AMPBENCH = [sys.executable, "-m", "ampbench.cli"]
+
+
+def _decide(repo: Path, env: dict, *args: str) -> str:
+    return run_ok([*AMPBENCH, "decide", "--min-seeds", "2", "--max-seeds", "3", *args], repo, env)
+
+
+@pytest.fixture(scope="module")
+def decided(tmp_path_factory):
+    params = yaml.safe_load(yaml.safe_dump(TINY))
+    params["train"]["precisions"] = ["fp32", "bf16"]
+    # Margins no 16-bit arm of a tiny model misses: the first look decides, so the procedure stops before the max.
+    params["evaluate"]["margin"] = {"accuracy_pp": 50.0, "loss": 5.0}
+    repo, env = make_project_repo(tmp_path_factory.mktemp("decide") / "project", params)
+    return repo, env, _decide(repo, env)
+
+
+def _runs(repo: Path):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    return mlflow.search_runs(experiment_names=[TINY["mlflow"]["experiment"]], output_format="list")
+
+
+def test_decide_stops_at_the_first_look_that_decides(decided):
+    repo, env, out = decided
+    assert "look 1 of 2: 2 seeds [0, 1]" in out and "look 2 of 2" not in out, out[-3000:]
+    details = json.loads((repo / "reports" / "details.json").read_text())
+    seq = details["sequential"]
+    assert seq["stopped"] is True and seq["seeds"] == 2 and seq["look"] == 1 and seq["looks"] == 2
+    assert seq["decided_at_seeds"] == {"bf16": 2}
+    assert "every arm decided" in seq["reason"] and "1 seed before the maximum of 3" in seq["reason"]
+    assert details["bf16"]["not_worse"] == "not worse" and details["bf16"]["seeds"] == 2
+    # The look's stricter level is in the verdict's own words: one-sided bounds past the fixed design's 95%.
+    reason = details["bf16"]["statistics"]["accuracy"]["not_worse_reason"]
+    assert float(reason.split("one-sided ")[1].split("%")[0]) > 95, reason
+    assert json.loads((repo / "reports" / "comparison.json").read_text())["bf16"]["decided_at_seeds"] == 2
+    report = (repo / "reports" / "report.md").read_text()
+    assert "**Seeds until decided** (stopped): look 1 of 2 (2 seeds)" in report
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    assert params["train"]["seeds"] == [0, 1] and params["evaluate"]["sequential"]["max_seeds"] == 3
+    # The look is a DVC experiment, and MLflow's parent run of that look says which look and why it stopped.
+    assert "Ran experiment(s)" in out
+    (parent,) = [r for r in _runs(repo) if r.data.tags.get("ampbench.role") == "execution"]
+    tags = parent.data.tags
+    assert tags["sequential.look"] == "1 of 2" and tags["sequential.stopped"] == "true"
+    assert tags["sequential.seeds"] == "2" and len(tags["sequential.group"]) == 16
+    assert "every arm decided" in tags["sequential.reason"]
+
+
+def test_rerunning_decide_trains_nothing_new(decided):
+    repo, env, _ = decided
+    before = len(_runs(repo))
+    out = _decide(repo, env)
+    assert "Running stage 'train@" not in out and "Running stage 'evaluate'" not in out, out[-3000:]
+    assert "every arm decided" in out and len(_runs(repo)) == before
+
+
+def test_decide_refuses_what_no_look_could_run(decided, tmp_path):
+    repo, env, _ = decided
+    proc = subprocess.run([*AMPBENCH, "decide", "--root", str(repo), "-S", "x=1", "--min-seeds", "4",
+                           "--max-seeds", "3"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "--min-seeds" in proc.stderr and "more than --max-seeds 3" in proc.stderr
+    params = repo / "params.yaml"
+    committed = params.read_text()
+    try:
+        raw = yaml.safe_load(committed)
+        raw["evaluate"]["margin"]["accuracy_pp"] = "auto"
+        params.write_text(yaml.safe_dump(raw, sort_keys=False))
+        proc = subprocess.run([*AMPBENCH, "decide", "--root", str(repo)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True)
+    finally:
+        params.write_text(committed)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "evaluate.margin.accuracy_pp" in proc.stderr and "sequential" in proc.stderr
