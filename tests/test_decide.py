@@ -90,3 +90,16 @@ def test_decide_refuses_what_no_look_could_run(decided, tmp_path):
         params.write_text(committed)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "evaluate.margin.accuracy_pp" in proc.stderr and "sequential" in proc.stderr
+
+
+def test_a_look_trains_only_its_new_seed_and_the_last_look_stops(decided):
+    """A margin no run can clear: look 1 (2 seeds) is undecided, look 2 trains seed 2 alone (seeds 0 and 1 are
+    reused from .resume/, kept by train.keep_finished) and stops at the maximum with the undecided arm named."""
+    repo, env, _ = decided
+    out = _decide(repo, env, "-S", "evaluate.margin.accuracy_pp=0.01")
+    assert "look 2 of 2: 3 seeds [0, 1, 2]" in out, out[-3000:]
+    assert "seed 2 epoch 1/1" in out and "seed 0 epoch 1/1" not in out and "seed 1 epoch 1/1" not in out
+    seq = json.loads((repo / "reports" / "details.json").read_text())["sequential"]
+    assert seq["stopped"] is True and seq["seeds"] == 3 and seq["decided_at_seeds"] == {"bf16": None}
+    assert seq["reason"] == "look 2 of 2 (3 seeds): the maximum of 3 seeds reached; undecided: bf16"
+    assert "undecided" in (repo / "reports" / "report.md").read_text().split("| arm |")[0]

@@ -26,7 +26,8 @@ SECTION_STAGES = {"prepare": ("prepare",), "train": ("train",), "speed": ("speed
                   "mlflow": ("train", "evaluate")}
 # The speed stage times every arm's training step, so it reads every train key that shapes a step (the input path
 # too) — but not the run's length, its seeds or the progress bar. config/sync.py applies this to the train keys.
-NOT_READ_BY_SPEED = ("train.seeds", "train.epochs", "train.progress", "train.nproc_per_node", "train.eval_every")
+NOT_READ_BY_SPEED = ("train.seeds", "train.epochs", "train.progress", "train.nproc_per_node", "train.eval_every",
+                     "train.keep_finished")
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,10 @@ class TrainParams(_Section):
                                         stages=())] = 2
     deterministic: Annotated[bool, knob("seed everything, deterministic kernels, cuDNN autotuning off")] = True
     progress: Annotated[bool, knob("tqdm bar per epoch (on a terminal)", stages=())] = True
+    keep_finished: Annotated[bool, knob(
+        "keep each finished seed's final training state in .resume/ once the arm is complete, so a run with more "
+        "seeds reuses it instead of training it again (ampbench decide sets it; one checkpoint per seed on disk)",
+        stages=())] = False
     nproc_per_node: Annotated[int, knob("> 1: DDP through torchrun (gloo on CPU, NCCL on CUDA)", ge=1,
                                         le=64)] = 1
     channels_last: Annotated[bool, knob("GPU: channels_last memory format (faster convs on tensor cores)")] = False

@@ -1,10 +1,10 @@
 """``ampbench decide``: seeds until decided. Each look is one DVC experiment in the workspace (``dvc exp run``) with
-``train.seeds`` grown by one seed and ``evaluate.sequential`` naming the design; the train stage reuses the seeds
-it already finished (``resume.py``) and DVC's run cache restores a look that ran before, so a rerun trains nothing
-new. After each look the evaluate stage's details.json says whether the procedure stops (``verdict/sequential.py``);
-the workspace ends holding the last look's params and outputs, each look stays in ``dvc exp show``, and in MLflow
-every look's parent run carries ``sequential.*`` tags with one ``sequential.group``.
-"""
+``train.seeds`` grown by one seed and ``evaluate.sequential`` naming the design. The train stage reuses the seeds
+it already finished (``resume.py``; ``train.keep_finished`` keeps them past the arm's end) and DVC's run cache
+restores a look that ran before, so a rerun trains nothing new. After each look the evaluate stage's details.json
+says whether the procedure stops (``verdict/sequential.py``); the workspace ends holding the last look's params and
+outputs, each look stays in ``dvc exp show``, and in MLflow every look's parent run carries ``sequential.*`` tags
+with one ``sequential.group``."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def settings(design: Design, seeds: list[int]) -> list[str]:
     """The ``-S`` settings of one look."""
     sets = {"train.seeds": "[" + ",".join(map(str, seeds)) + "]", "evaluate.sequential.max_seeds": design.max_seeds,
             "evaluate.sequential.min_seeds": design.min_seeds, "evaluate.sequential.spending": design.spending,
-            "evaluate.sequential.until": design.until}
+            "evaluate.sequential.until": design.until, "train.keep_finished": "true"}
     return [arg for key, value in sets.items() for arg in ("-S", f"{key}={value}")]
 
 

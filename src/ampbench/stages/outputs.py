@@ -173,12 +173,14 @@ class ArmOutputs:
                 example = job.data.test.inputs(job.data.test.x[:2]).numpy()  # model inputs, not stored pixels
                 record["model_uri"] = tracking.log_model(cpu_model, example, _requirements())
 
-    def finished(self, summary: dict[str, Any], histories: dict[str, list[dict]]) -> None:
-        """The arm is complete: history.json and summary.json; nothing left to resume."""
+    def finished(self, summary: dict[str, Any], histories: dict[str, list[dict]], keep: bool = False) -> None:
+        """The arm is complete: history.json and summary.json; nothing left to resume (``keep``: the finished
+        seeds stay, for a later run with more seeds)."""
         if self.enabled:
             atomic_write_json(self.files.history, {"arm": self.arm, "seeds": histories})  # bound to its arm
             atomic_write_json(self.files.summary, summary)
-            shutil.rmtree(self.resume_dir, ignore_errors=True)
+            if not keep:
+                shutil.rmtree(self.resume_dir, ignore_errors=True)
 
 
 def what_ran_tags(record: dict[str, Any]) -> dict[str, str]:

@@ -3,7 +3,9 @@
 After every epoch each seed of an unfinished arm has a checkpoint under ``.resume/<arm>/seed<N>.pt``: the training
 state (``training/checkpoint.py``) plus a ``SeedProgress`` record: the epochs so far, the MLflow run id, and, once
 the seed is done, its summary record. Run the stage again with the same params, data and code (the resume key) and
-a seed continues from its last epoch in the same MLflow run; a finished seed is reused, not retrained. A
+a seed continues from its last epoch in the same MLflow run; a finished seed is reused, not retrained. Once the
+arm is complete the folder is removed, unless ``train.keep_finished`` (``ampbench decide``) keeps the finished
+seeds for a later run with more seeds. A
 checkpoint of another arm is refused outright; one written with other params, data or code is ignored.
 """
 
@@ -22,7 +24,7 @@ from ampbench.training import checkpoint
 from ampbench.training.state import EpochRecord, TrainState
 
 # Train params that do not change what training computes: a checkpoint stays resumable across them.
-NOT_IN_KEY = ("progress", "precisions", "seeds")
+NOT_IN_KEY = ("progress", "precisions", "seeds", "keep_finished")
 
 
 def resume_key(train: TrainParams, data_checksum: str, arm: str, seed: int, code_version: str) -> str:

@@ -77,7 +77,8 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
                              "store works, it continues from there") from None
         distributed.barrier(world)
         summary = _arm_summary(arm, params, policy, device, world, model, {s: r for s, (r, _) in seeds.items()})
-        out.finished(summary, {s: [r.row() for r in records] for s, (_, records) in seeds.items()})
+        out.finished(summary, {s: [r.row() for r in records] for s, (_, records) in seeds.items()},
+                     keep=params.train.keep_finished)
         return summary
     finally:
         distributed.shutdown(world)
@@ -86,7 +87,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
 def execution_key(params: Params, data_md5: str, code_version: str, tags: dict[str, str]) -> str:
     """What every train stage of one pipeline execution shares (so they find one parent run): the training params
     but the arm list, the data, the code and the DVC experiment with its baseline."""
-    train = {k: v for k, v in params.train.to_dict().items() if k not in ("precisions", "progress")}
+    train = {k: v for k, v in params.train.to_dict().items() if k not in ("precisions", "progress", "keep_finished")}
     shared = {"train": train, "mlflow": params.mlflow.to_dict(), "data": data_md5, "code": code_version,
               "exp": tags.get("dvc.exp_name"), "rev": tags.get("dvc.baseline_rev")}
     return json_digest(shared, 24)
