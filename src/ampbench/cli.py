@@ -212,7 +212,7 @@ def compare(revisions: tuple[str, ...], repo: str, json_out: Path | None) -> Non
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
               help="Project root (a git + DVC repo holding params.yaml and dvc.yaml).")
 @click.option("--min-seeds", type=click.IntRange(2, 1000), default=3, show_default=True,
-              help="Seeds at the first look (2 rarely decides: the t interval over 2 seeds has 1 degree of freedom).")
+              help="Seeds at the first look (docs/verdict-simulation.md: 2 stops there seldom and saves nothing).")
 @click.option("--max-seeds", type=click.IntRange(2, 1000), default=8, show_default=True,
               help="Seeds at the last look: the procedure stops there at the latest.")
 @click.option("--spending", type=click.Choice(["pocock", "obrien_fleming"]), default="pocock", show_default=True,
