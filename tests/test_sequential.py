@@ -187,3 +187,18 @@ def test_nothing_to_decide_stops_and_says_so():
     assert o.stopped and o.reason == "look 1 of 4 (3 seeds): no arm besides the baseline to decide"
     with pytest.raises(ValueError, match="confidence"):
         Design(3, 6, confidence=1.0)
+
+
+def test_an_undecided_arm_at_a_look_that_goes_on_is_pointed_to_the_next_look():
+    from ampbench.report.advice import Recommendation, what_would_decide
+    from ampbench.report.context import RunContext
+    from ampbench.verdict.sequential import Looks
+
+    design = Design(3, 6)
+    going_on = RunContext(looks=Looks(design, outcome(design, 4, {"bf16": None, "fp16": 3})))
+    rec = Recommendation(best=None, verdict="", reasons={}, more="", notes="", code="")
+    cell = what_would_decide("bf16", {"decided_at_seeds": None, "plans": [{"kind": "seeds"}]}, rec, going_on)
+    assert cell == "undecided at 4 seeds; the next look adds one (5 of at most 6): `ampbench decide` goes on"
+    assert "next look" not in what_would_decide("fp16", {"decided_at_seeds": 3}, rec, going_on)
+    stopped = RunContext(looks=Looks(design, outcome(design, 6, {"bf16": None})))
+    assert "next look" not in what_would_decide("bf16", {"decided_at_seeds": None}, rec, stopped)

@@ -147,6 +147,11 @@ def what_would_decide(arm: str, c: dict[str, Any], rec: Recommendation, context:
         return "—"
     if arm == rec.best:
         return "recommended: the code below"
+    looks = context.looks
+    if looks and not looks.outcome.stopped and c.get("decided_at_seeds", 0) is None:  # a look of ampbench decide
+        seeds = looks.outcome.look.seeds
+        return (f"undecided at {seeds} seeds; the next look adds one ({seeds + 1} of at most "
+                f"{looks.design.max_seeds}): `ampbench decide` goes on")
     if c.get("plans"):
         return f"undecided; {short_plan(c['plans'], context.by_loss)}"
     if arm in rec.reasons and not _why_not(c, context):  # decided, and held back by its speed alone
