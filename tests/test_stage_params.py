@@ -22,6 +22,9 @@ READ_NOT_DEPENDED_ON = {
     "train.precisions": "train",
     # Draws the progress bar.
     "train.progress": "train",
+    # Whether the finished seeds' resume checkpoints outlive the arm (for a later run with more seeds): what is
+    # left in .resume/, not what the outputs hold.
+    "train.keep_finished": "train",
     # Choose how batches reach the device; both paths give the same batches, bit for bit (test_loader), so the
     # weights do not depend on them.
     "train.data_on_device": "train",
