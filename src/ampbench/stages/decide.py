@@ -33,25 +33,34 @@ class Decision:
     decided_at: dict[str, int | None]
 
 
-def settings(design: Design, seeds: list[int]) -> list[str]:
-    """The ``-S`` settings of one look."""
-    sets = {"train.seeds": "[" + ",".join(map(str, seeds)) + "]", "evaluate.sequential.max_seeds": design.max_seeds,
+def overrides(design: Design, seeds: list[int]) -> dict[str, Any]:
+    """What one look sets, by dotted params key: its seeds, the design, and finished seeds kept for the next look."""
+    return {"train.seeds": seeds, "train.keep_finished": True, "evaluate.sequential.max_seeds": design.max_seeds,
             "evaluate.sequential.min_seeds": design.min_seeds, "evaluate.sequential.spending": design.spending,
-            "evaluate.sequential.until": design.until, "train.keep_finished": "true"}
-    return [arg for key, value in sets.items() for arg in ("-S", f"{key}={value}")]
+            "evaluate.sequential.until": design.until}
+
+
+def settings(design: Design, seeds: list[int]) -> list[str]:
+    """The ``-S`` settings of one look (lists and booleans as YAML writes them: [0,1,2], true)."""
+    text = {list: lambda v: "[" + ",".join(map(str, v)) + "]", bool: lambda v: str(v).lower()}
+    return [arg for key, value in overrides(design, seeds).items()
+            for arg in ("-S", f"{key}={text.get(type(value), str)(value)}")]
 
 
 def check_design(root: Path, design: Design, first_seed: int) -> None:
-    """The workspace's params.yaml with the design's settings, through the check stage's rules: one line before
-    any look when a look could not run (an ``auto`` margin, an arm that cannot run, …)."""
+    """The workspace's params.yaml with the first look's settings, through the check stage's rules: one line
+    before any look when a look could not run (an ``auto`` margin, an arm that cannot run, …)."""
     path = root / "params.yaml"
     try:
         raw: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ParamsError(f"{path}: {exc}") from None
-    raw.setdefault("train", {})["seeds"] = list(range(first_seed, first_seed + design.min_seeds))
-    raw.setdefault("evaluate", {})["sequential"] = {"max_seeds": design.max_seeds, "min_seeds": design.min_seeds,
-                                                    "spending": design.spending, "until": design.until}
+    for key, value in overrides(design, list(range(first_seed, first_seed + design.min_seeds))).items():
+        *sections, name = key.split(".")
+        node = raw
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = value
     validate(raw)
 
 
