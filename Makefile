@@ -7,7 +7,7 @@ BIN    := $(abspath $(VENV))/bin
 # (pipeline/python), so `.venv/bin/dvc exp run …` works outside make too.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install repro test test-fast lint docs params ui team-server lock clean
+.PHONY: install install-cluster repro test test-fast test-cluster lint docs params ui team-server lock clean
 
 install: $(VENV)/.installed  ## create .venv and install the pinned versions (the first step of every target)
 
@@ -15,6 +15,12 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+install-cluster: $(VENV)/.cluster-installed  ## add the pinned Ray (requirements-ray.lock) for `ampbench cluster repro`
+
+$(VENV)/.cluster-installed: requirements-ray.lock $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-ray.lock
 	touch $@
 
 repro: $(VENV)/.installed  ## run the whole pipeline on params.yaml
@@ -27,11 +33,16 @@ TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: $(VENV)/.installed  ## run the test suite (no GPU or network needed)
-	OMP_NUM_THREADS=1 python -m pytest -q $(PARALLEL) -m "not timing"
+	OMP_NUM_THREADS=1 python -m pytest -q $(PARALLEL) -m "not timing and not cluster"
 	python -m pytest -q -m timing
 
+# A real Ray cluster on this machine (a head and a worker node, each `ray start`), the team MLflow server
+# (AMPBENCH_TEAM_SERVER) and a local DVC remote: a tiny grid, and a worker stopped mid-cell (tests/test_cluster.py).
+test-cluster: $(VENV)/.cluster-installed  ## the cluster tests (needs the team server: make team-server)
+	python -m pytest -q -m cluster
+
 test-fast: $(VENV)/.installed  ## unit tests only, skips the slow end-to-end ones
-	OMP_NUM_THREADS=1 python -m pytest -q $(PARALLEL) -m "not slow and not timing"
+	OMP_NUM_THREADS=1 python -m pytest -q $(PARALLEL) -m "not slow and not timing and not cluster"
 
 lint: $(VENV)/.installed  ## ruff: pyflakes, pycodestyle, import order, bugbear (settings in pyproject.toml)
 	ruff check .
@@ -52,8 +63,8 @@ ui: $(VENV)/.installed  ## open the MLflow UI (127.0.0.1) on the pipeline's stor
 team-server: $(VENV)/.installed  ## PostgreSQL-backed MLflow server on 127.0.0.1:5001 (docs/operations.md, team mode)
 	bash scripts/team_server.sh start
 
-lock:  ## refresh requirements.lock from the current venv (leaving out requirements-docs.lock's and requirements-ci.lock's)
-	cat requirements-docs.lock requirements-ci.lock | sed -n 's/^\([^#][^=]*==\).*/\1/p' > $(VENV)/.docs-names
+lock:  ## refresh requirements.lock from the current venv (leaving out the docs, ci and ray locks' packages)
+	cat requirements-docs.lock requirements-ci.lock requirements-ray.lock | sed -n 's/^\([^#][^=]*==\).*/\1/p' > $(VENV)/.docs-names
 	(echo "# Exact versions for a reproducible run (Python 3.11, x86_64 Linux). Regenerate: make lock"; \
 	 $(BIN)/python -m pip freeze --exclude-editable | grep -v '^ampbench' | grep -vF -f $(VENV)/.docs-names) \
 	 > requirements.lock

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from ampbench.config import layout  # noqa: E402  (needs the path above)
 from ampbench.config.user_code import first_line, user_frame  # noqa: E402
 from ampbench.config.validation import load_params  # noqa: E402
 from ampbench.errors import AmpbenchError  # noqa: E402
-from ampbench.runtime import processes  # noqa: E402  (needs the path above)
+from ampbench.runtime import processes, provenance  # noqa: E402  (needs the path above)
 from ampbench.tracking.uris import mask  # noqa: E402
 
 
@@ -33,32 +32,13 @@ def project_root() -> Path:
 
 
 def code_version(*user_code: str) -> str:
-    """Hash of the library's source and of the user code (train.model_code, train.task_code: files or folders,
-    relative to the checkout as in dvc.yaml): a checkpoint written by other code is not resumed."""
-    import hashlib
-
-    files = [*(CHECKOUT / "src" / "ampbench").rglob("*.py")]
-    for code in (CHECKOUT / c for c in user_code):  # an absolute path stays absolute
-        files += [code] if code.is_file() else code.rglob("*")
-    h = hashlib.sha256()
-    for path in sorted(p for p in files if p.is_file() and "__pycache__" not in p.parts):
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+    """Hash of the library's source and of the user code, as checkpoints record it (``provenance.code_version``)."""
+    return provenance.code_version(CHECKOUT, *user_code)
 
 
 def run_tags() -> dict[str, str]:
-    """Provenance tags for MLflow: git commit, and the DVC experiment's name and baseline revision (the commit it
-    started from; the commit itself under a plain `dvc repro`), which DVC passes to experiment stages."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=CHECKOUT).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    tags = {"git_commit": commit, "mlflow.source.git.commit": commit,
-            "dvc.baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV") or commit}
-    if os.environ.get("DVC_EXP_NAME"):
-        tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
-    return tags
+    """Provenance tags for MLflow: git commit, DVC experiment and baseline (``provenance.run_tags``)."""
+    return provenance.run_tags(CHECKOUT)
 
 
 def relaunch_under_torchrun(nproc: int) -> None:

@@ -37,9 +37,15 @@ from ampbench.config.arms import ABLATIONS, MAIN, OPT_IN
 @folder_option("--resume-dir", "resume_dir", None,
                "Where per-epoch checkpoints of an unfinished arm wait to be resumed  [default: .resume/<precision>; "
                "kept outside models/ because DVC empties outputs before a stage runs]")
+@click.option("--seed", "cell_seeds", type=int, multiple=True,
+              help="A cluster cell (`ampbench cluster repro`): train only this seed of train.seeds (repeatable) and "
+                   "leave it finished in --resume-dir for the stage run that collects it; nothing under --out.")
+@click.option("--parent-run", default=None, help="With --seed: the cluster execution's MLflow parent run.")
+@click.option("--node", default=None, help="With --seed: the Ray node id recorded with each seed.")
 @debug_option
 @stage
-def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_dir: Path | None) -> None:
+def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_dir: Path | None,
+         cell_seeds: tuple[int, ...], parent_run: str | None, node: str | None) -> None:
     """Train the model under one precision arm, once per seed, logging each run to MLflow.
 
     Interrupted? Run it again: it resumes from the last completed epoch.
@@ -47,10 +53,16 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
     from ampbench.config.user_code import require_tracked
     from ampbench.errors import ParamsError
     from ampbench.runtime.distributed import launched_by_torchrun
+    from ampbench.stages.outputs import Cell
     from ampbench.stages.train import train_arm
 
     if precision not in params.train.precisions:
         raise ParamsError(f"--precision {precision!r} is not in train.precisions {params.train.precisions}")
+    cell = None
+    if cell_seeds or parent_run or node:
+        if not (cell_seeds and parent_run and node) or not set(cell_seeds) <= set(params.train.seeds):
+            raise ParamsError("a cluster cell needs --seed (one of train.seeds), --parent-run and --node together")
+        cell = Cell(tuple(cell_seeds), parent_run, node)
     require_tracked("train.model", params.train.model, params.train.model_code, CHECKOUT)
     require_tracked("train.task", params.train.task, params.train.task_code, CHECKOUT)
     if params.train.nproc_per_node > 1 and not launched_by_torchrun():
@@ -59,7 +71,7 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
         deterministic_cublas()
     code = code_version(params.train.model_code, params.train.task_code)
     train_arm(precision, params, data_dir, out_dir or layout.MODELS / precision, project_root(), run_tags(),
-              resume_dir=resume_dir or layout.RESUME / precision, code_version=code)
+              resume_dir=resume_dir or layout.RESUME / precision, code_version=code, cell=cell)
 
 
 if __name__ == "__main__":

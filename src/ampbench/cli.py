@@ -240,6 +240,45 @@ def decide(root: Path, min_seeds: int, max_seeds: int, spending: str, until: str
                "`dvc exp show`, and in MLflow under the tag sequential.group")
 
 
+@main.group()
+def cluster() -> None:
+    """The pipeline with its training cells on a Ray cluster (docs/cluster.md; make install-cluster)."""
+
+
+@cluster.command("repro")
+@click.option("--address", required=True, help="The Ray head's host:port, as `ray start --head` printed it.")
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
+              help="Project root (a git + DVC repo with a default DVC remote every node can reach).")
+@click.option("--cpus", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+              help="CPUs per cell: a node with N CPUs runs N / --cpus cells at once.")
+@click.option("--gpus", type=click.FloatRange(0), default=None,
+              help="GPUs per cell  [default: 1 when this machine has CUDA, else 0]")
+@click.option("--accelerator-type", default=None,
+              help="Only nodes of this Ray accelerator type (e.g. H100): one comparison, one device kind.")
+@click.option("--resource", default=None,
+              help="Only nodes that declare this custom resource (ray start --resources '{\"NAME\": 1}').")
+@click.option("--retries", type=click.IntRange(0, 20), default=3, show_default=True,
+              help="Times a cell runs again after its worker or node was lost.")
+@one_line_errors
+def cluster_repro(address: str, root: Path, cpus: float, gpus: float | None, accelerator_type: str | None,
+                  resource: str | None, retries: int) -> None:
+    """Run the pipeline with every stale arm × seed cell as a task on the Ray cluster at --address, then record
+    them with `dvc repro` here (the train stages collect the cells; speed and evaluate run on this node)."""
+    from ampbench.cluster.grid import Placement
+    from ampbench.cluster.repro import Interrupted, Options
+    from ampbench.cluster.repro import cluster_repro as run_grid
+
+    if gpus is None:
+        import torch
+
+        gpus = 1.0 if torch.cuda.is_available() else 0.0
+    try:
+        run_grid(root, Options(address, Placement(cpus, gpus, accelerator_type, resource), retries))
+    except Interrupted as exc:
+        click.echo(f"interrupted ({exc})", err=True)
+        raise SystemExit(130) from None
+
+
 @main.command("sync-params")
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
               help="Project root holding params.yaml and dvc.yaml.")

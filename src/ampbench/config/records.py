@@ -49,6 +49,9 @@ class SeedSummary(_Strict):
     optimizer: dict[str, str] | None = None  # optimizers.describe: class, rounding, weight dtype
     state_bytes: dict[str, Any] | None = None  # optimizers.state_bytes: weights, gradients, optimizer state
     float8: dict[str, Any] | None = None  # float8.record: recipe, each Linear layer converted or not and why
+    device: str | None = None  # where it trained (stages.train.where); absent in summaries from before it
+    host: str | None = None
+    node: str | None = None  # the Ray node of a cluster cell
 
 
 class Hardware(_Strict):

@@ -66,6 +66,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     _atomic(path, lambda tmp: tmp.write_text(text))
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    _atomic(path, lambda tmp: tmp.write_bytes(data))
+
+
 def _finite(obj: Any) -> Any:
     """``obj`` with NaN and ±inf floats as None: JSON has no such numbers (Python would write invalid NaN)."""
     if isinstance(obj, float):

@@ -133,6 +133,16 @@ def check_fingerprints(summaries: dict[str, ArmSummary]) -> None:
             shown_diff = ", ".join(f"{k}: {base.get(k)!r} vs {hw.get(k)!r}" for k in diff)
             raise AmpbenchError(f"refusing to compare {arm} with {BASELINE}: they ran on different hardware or "
                                 f"software ({shown_diff}); retrain both on one machine (dvc repro --force)")
+    # Each seed's own device: a cluster's cells may have run on other nodes than the one that collected them.
+    kinds: dict[str, list[str]] = {}
+    for arm, s in summaries.items():
+        for seed, record in s.seeds.items() if not s.skipped else ():
+            if record.device:
+                kinds.setdefault(record.device, []).append(f"{arm} seed {seed}")
+    if len(kinds) > 1:
+        where = "; ".join(f"{', '.join(cells)} on {device!r}" for device, cells in kinds.items())
+        raise AmpbenchError(f"refusing to compare cells trained on different device kinds ({where}); place every "
+                            "cell on one kind (ampbench cluster repro --accelerator-type or --resource)")
 
 
 def _load_arm_model(ckpt_path: Path, arm: str, seed: int, device: torch.device) -> torch.nn.Module:

@@ -61,14 +61,28 @@ class SeedJob:
         return self.task.model_args(self.data.meta)
 
 
+@dataclass(frozen=True)
+class Cell:
+    """A cluster cell's share of an arm (``ampbench cluster repro``): the seeds it trains, the cluster
+    execution's parent run they nest under, and the Ray node it runs on (recorded with each seed)."""
+
+    seeds: tuple[int, ...]
+    parent_run: str
+    node: str
+
+
 class ArmOutputs:
     """Every side effect of training one arm. With ``enabled`` False (DDP ranks other than 0) it does nothing."""
 
     def __init__(self, arm: str, files: ArmFiles, resume_dir: Path, project_root: Path, tags: dict[str, str],
-                 enabled: bool):
+                 enabled: bool, cell: Cell | None = None):
         self.arm, self.files, self.resume_dir = arm, files, resume_dir
         self.project_root, self.tags, self.enabled = project_root, tags, enabled
-        self.parent: str | None = None  # the execution's parent run (tracking.execution_parent)
+        self.node = cell.node if cell else None
+        # The execution's parent run: a cell's is given; else found or made when the first seed opens its run
+        # (``tracking.execution_parent``), so a stage that only collects finished seeds makes no empty parent.
+        self.parent: str | None = cell.parent_run if cell else None
+        self._find_parent = None
 
     def log(self, msg: str) -> None:
         if self.enabled:
@@ -81,16 +95,19 @@ class ArmOutputs:
         if self.enabled:
             self.files.root.mkdir(parents=True, exist_ok=True)
             experiment_id = tracking.setup(self.project_root, params.mlflow.experiment)
-            shared = {k: v for k, v in params.to_dict().items() if k != "evaluate"}
-            shared["train"] = {k: v for k, v in shared["train"].items() if k != "precisions"}
-            self.parent = tracking.execution_parent(experiment_id, execution, tracking.execution_name(self.tags),
-                                                    self.arm, self.tags,
-                                                    tracking.flatten("", shared))
+            if self.parent is None:
+                self._find_parent = lambda: tracking.execution_parent(
+                    experiment_id, execution, tracking.execution_name(self.tags), self.arm, self.tags,
+                    execution_params(params))
 
     def open_run(self, job: SeedJob, run_id: str | None):
         """The seed's MLflow run (reopened when ``run_id`` is given), as a context yielding its id."""
         if not self.enabled:
             return contextlib.nullcontext(run_id)
+        if self.parent is None and self._find_parent is not None:
+            self.parent = self._find_parent()
+        if self.node and run_id is None:  # a cluster cell: an earlier attempt lost with its node ends KILLED
+            tracking.close_lost_attempts(self.parent, self.arm, job.seed, self.node)
         hw = fingerprint(job.device)
         world = str(job.world.size)
         params = {**tracking.flatten("train", job.params.train.to_dict()),
@@ -99,7 +116,8 @@ class ArmOutputs:
                   "seed": str(job.seed), "dataset.checksum": job.data.meta["checksum"], "world_size": world}
         tags = {**self.tags, "precision": job.arm, "seed": str(job.seed), "device": hw["device_name"],
                 "ablation": str(job.policy.ablation).lower(), "world_size": world,
-                **{f"hw.{k}": v for k, v in hw.items()}, "ampbench.role": "arm"}
+                **{f"hw.{k}": v for k, v in hw.items()}, "ampbench.role": "arm",
+                **({"ray.node_id": self.node} if self.node else {})}
         return tracking.open_run(job.name, tags, params, run_id=run_id, parent_id=self.parent,
                             system_metrics_every=job.params.mlflow.system_metrics_every)
 
@@ -181,6 +199,13 @@ class ArmOutputs:
             atomic_write_json(self.files.summary, summary)
             if not keep:
                 shutil.rmtree(self.resume_dir, ignore_errors=True)
+
+
+def execution_params(params: Params) -> dict[str, str]:
+    """The params an execution's parent run holds: what every arm shares (all but evaluate.* and the arm list)."""
+    shared = {k: v for k, v in params.to_dict().items() if k != "evaluate"}
+    shared["train"] = {k: v for k, v in shared["train"].items() if k != "precisions"}
+    return tracking.flatten("", shared)
 
 
 def what_ran_tags(record: dict[str, Any]) -> dict[str, str]:

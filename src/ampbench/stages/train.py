@@ -8,6 +8,7 @@ run as something else) and trains each seed as a ``SeedJob``. When a seed is res
 
 from __future__ import annotations
 
+import socket
 import statistics
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from ampbench.runtime import distributed
 from ampbench.runtime.files import dvc_md5, json_digest
 from ampbench.runtime.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.stages import resume
-from ampbench.stages.outputs import ArmOutputs, SeedJob
+from ampbench.stages.outputs import ArmOutputs, Cell, SeedJob
 from ampbench.stages.preflight import check_16_bit_work, check_model, check_steps, estimate, request_size
 from ampbench.tasks.resolve import resolve_task
 from ampbench.training import checkpoint
@@ -37,17 +38,19 @@ from ampbench.training.state import EpochRecord, LoopConfig, TrainState
 
 
 def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_root: Path, tags: dict[str, str],
-              resume_dir: Path, code_version: str = "") -> dict[str, Any]:
+              resume_dir: Path, code_version: str = "", cell: Cell | None = None) -> dict[str, Any]:
     """Train ``arm`` once per seed in ``params.train.seeds``; write checkpoints, history and summary to out_dir.
 
-    A seed stopped by the divergence guard is recorded as diverged. Returns the summary (``summary.json``).
+    A seed stopped by the divergence guard is recorded as diverged. Returns the summary (``summary.json``). With
+    ``cell`` (a cluster cell) only ``cell.seeds`` train, each kept finished in ``resume_dir`` for the stage that
+    collects them; nothing else is written and the summary holds those seeds only.
     """
     device = resolve_device(params.train.device)
     world = distributed.init(device.type)  # one process, or this rank of a torchrun job
     device = distributed.device_for(world, device)
     data_md5 = dvc_md5(data_dir)  # the prepared data's hash as DVC records it: a tag, and the dataset's digest
     out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, {**tags, "dvc.data_md5": data_md5},
-                     enabled=world.is_main)
+                     enabled=world.is_main, cell=cell)
     try:
         task = resolve_task(params.train.task, params.train.block_size)
         data = task.view(load_prepared(data_dir))
@@ -56,6 +59,8 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         try:
             policy = resolve_policy(arm, device, params.train.fp32_modules)
         except ArmUnavailable as exc:
+            if cell is not None:  # a cluster cell placed on a node that cannot run the arm: refuse, never record
+                raise
             out.log(f"skipped: {exc}")
             summary = {"arm": arm, "skipped": str(exc), "hardware": fingerprint(device), "model": model}
             out.finished(summary, {})
@@ -67,7 +72,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         out.open(params, execution_key(params, data_md5, code_version, tags))
         seeds = {}
         try:
-            for seed in params.train.seeds:
+            for seed in cell.seeds if cell else params.train.seeds:
                 key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
                 job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key,
                               model, task)
@@ -77,6 +82,8 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
                              "store works, it continues from there") from None
         distributed.barrier(world)
         summary = _arm_summary(arm, params, policy, device, world, model, {s: r for s, (r, _) in seeds.items()})
+        if cell is not None:
+            return summary  # the seeds wait in resume_dir; the train stage that collects them writes the arm
         out.finished(summary, {s: [r.row() for r in records] for s, (_, records) in seeds.items()},
                      keep=params.train.keep_finished)
         return summary
@@ -142,7 +149,8 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
     prior = resume.load(job.resume_path, job.arm, job.key)  # every rank reads it; only rank 0 writes
     if prior is not None and prior[1].done is not None:
         ck, progress = prior
-        out.log(f"seed {job.seed}: already finished before the interruption; reusing it")
+        out.log(f"seed {job.seed}: finished earlier (an interrupted run, a cluster cell or a shorter seed list); "
+                "reusing it")
         if not progress.done["diverged"]:
             out.seed_files(job, ck, progress.records, progress.done["activations"])
         return progress.done, progress.records
@@ -196,7 +204,7 @@ def _fit_in_run(job: SeedJob, model: torch.nn.Module, state: TrainState, cfg: Lo
         fit(state, job.data.train, job.data.val, job.policy, cfg, on_epoch=on_epoch, world=job.world)
         if not sum(r.optimizer_steps for r in progress.records):  # a safety net behind check_steps
             raise AmpbenchError(f"{job.name}: training ran no optimizer step; its results would be untrained")
-        record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name)
+        record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name, out.node)
         record["flops"] = flops
         record.update(what_ran(job.policy, model, state.optimizer))
         out.numerics(job, run_id, record)
@@ -224,6 +232,7 @@ def _diverged(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: A
     that keeps it in float32, the activation table up to the divergence."""
     out.log(f"seed {job.seed}: DIVERGED: {exc}")
     record = {"run_id": progress.run_id, "diverged": str(exc), "first_nonfinite": exc.culprit, "flops": flops,
+              **where(job.device, out.node),
               "activations": merge_tables([r.activations for r in progress.records] + [exc.activations])}
     fix = float32_fix(exc.culprit, job.arm) if exc.culprit else None
     if fix:  # a module of a 16-bit arm: never the loss, never an arm that already computes in float32
@@ -245,11 +254,17 @@ def count_flops(job: SeedJob, model: torch.nn.Module) -> dict[str, Any]:
     return counted
 
 
+def where(device: torch.device, node: str | None) -> dict[str, Any]:
+    """Where a seed trained: the device's name (one comparison, one device kind: evaluate checks it), the host
+    and, for a cluster cell, the Ray node."""
+    return {"device": fingerprint(device)["device_name"], "host": socket.gethostname(), "node": node}
+
+
 def _seed_record(job: SeedJob, cfg: LoopConfig, records: list[EpochRecord], run_id: str,
-                 checkpoint_name: str) -> dict[str, Any]:
+                 checkpoint_name: str, node: str | None) -> dict[str, Any]:
     """The seed's line in summary.json: run id, throughput, memory, time, skips, final metrics."""
     seconds = [r.epoch_seconds for r in records]
-    record = {"run_id": run_id, "diverged": None, "checkpoint": checkpoint_name,
+    record = {"run_id": run_id, "diverged": None, "checkpoint": checkpoint_name, **where(job.device, node),
               "train_samples_per_s": throughput(records), "timing_windows": sum(len(r.windows) for r in records),
               **peak_memory_mb(job.device), "train_seconds": sum(seconds),
               "skipped_steps_total": sum(r.skipped_steps for r in records),

@@ -68,6 +68,26 @@ def evaluation_parent(experiment_id: str, run_ids: list[str], evaluate_key: str,
     return _new_parent(experiment_id, name, {**tags, "ampbench.evaluate_key": evaluate_key}, params)
 
 
+def close_lost_attempts(parent_id: str, arm: str, seed: int, node: str) -> list[str]:
+    """Before a cluster cell opens its run: runs of the same cell under ``parent_id`` still RUNNING are an earlier
+    attempt's whose node was lost (the head runs one attempt of a cell at a time, and Ray starts a retry only after
+    the attempt failed): they end KILLED, saying so. Returns their ids."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    experiment_id = retry(client.get_run)(parent_id).info.experiment_id
+    lost = retry(client.search_runs)(
+        [experiment_id], max_results=100,
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}' and tags.precision = '{arm}' "
+                      f"and tags.seed = '{seed}' and attributes.status = 'RUNNING'")
+    for run in lost:
+        retry(client.set_tag)(run.info.run_id, "ampbench.ended_by",
+                              f"its cluster node {run.data.tags.get('ray.node_id', '?')[:12]} was lost; the cell ran "
+                              f"again on node {node[:12]}")
+        retry(client.set_terminated)(run.info.run_id, "KILLED")
+    return [r.info.run_id for r in lost]
+
+
 def end_execution(run_id: str) -> None:
     """The parent run ends now: its Duration in the UI becomes the execution's, first stage to evaluation."""
     from mlflow.tracking import MlflowClient

@@ -1,0 +1,129 @@
+"""One cell (an arm × seed) as a Ray task on a worker node: the project's files in a scratch folder of its own, the
+prepared data pulled from the DVC remote, the train stage's command for that one seed, and the finished seed sent
+back to the head.
+
+Only the standard library is imported at module level and ``ray`` inside the task: the head registers this module
+to be pickled by value, so a worker needs Python, Ray and the project's pinned requirements, not ampbench
+installed — the training itself runs the library shipped with the project's files (``pipeline/_common.py`` puts
+their ``src/`` first), the code the resume key hashes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+TAIL_LINES = 30  # of a failed cell's output, for the head's one-line error and the log
+
+
+class CellFailed(Exception):
+    """The train command of a cell ended with an error (not a lost node: Ray retries those by itself)."""
+
+
+def run_cell(spec: dict) -> dict:
+    """Train ``spec["arm"]`` seed ``spec["seed"]`` here; return where it ran and the finished seed's resume file.
+
+    ``spec``: arm, seed, parent_run, tracking_uri, env (extra environment: the artifact location), python (the
+    interpreter; default this worker's). An interrupt (``ray.cancel``) reaches the train command as SIGTERM: it
+    marks its MLflow run KILLED before this task ends.
+    """
+    import ray
+
+    arm, seed = spec["arm"], spec["seed"]
+    node = ray.get_runtime_context().get_node_id()
+    name = f"[{arm} seed {seed}]"
+    started = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix=f"ampbench-cell-{arm}-seed{seed}-"))
+    try:
+        project = scratch / "project"
+        # Ray unpacked the project's files once per node for every task; a cell writes, so it gets its own copy.
+        shutil.copytree(Path.cwd(), project, symlinks=True)
+        python = spec.get("python") or sys.executable
+        print(f"{name} started on node {node[:12]} ({socket.gethostname()})", flush=True)
+        _pull_data(python, project)
+        setup = time.monotonic() - started
+        resume = scratch / "resume"
+        cmd = [python, "pipeline/train.py", "--precision", arm, "--seed", str(seed), "--parent-run",
+               spec["parent_run"], "--node", node, "--resume-dir", str(resume)]
+        env = {**os.environ, **spec.get("env", {}), "MLFLOW_TRACKING_URI": spec["tracking_uri"],
+               "PYTHONUNBUFFERED": "1"}
+        env.pop("DVC_ROOT", None)
+        tail = _run(cmd, project, env, name)
+        found = resume / f"seed{seed}.pt"
+        if not found.exists():
+            raise CellFailed(f"{name} ended without its finished seed ({found.name}); last lines:\n{tail}")
+        return {"arm": arm, "seed": seed, "node": node, "host": socket.gethostname(),
+                "seconds": round(time.monotonic() - started, 1), "setup_seconds": round(setup, 1),
+                "resume_file": found.read_bytes()}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _pull_data(python: str, project: Path) -> None:
+    """data/prepared as dvc.lock records it, from the DVC remote (Ray ships no .git: DVC runs without git)."""
+    for args in (["config", "--local", "core.no_scm", "true"], ["pull", "prepare"]):
+        proc = subprocess.run([python, "-m", "dvc", *args], cwd=project, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CellFailed(f"dvc {' '.join(args)} failed on {socket.gethostname()}: "
+                             f"{(proc.stderr + proc.stdout).strip()[-2000:]}")
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], name: str) -> str:
+    """Run the train command, its lines prefixed with the cell's name (Ray forwards them to the head); returns the
+    last lines. It gets SIGTERM when this task is cancelled or this worker dies, never outlives it."""
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_term_with_parent)
+    try:
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            print(f"{name} {line.rstrip()}", flush=True)
+        code = proc.wait()
+    except BaseException:  # ray.cancel raises KeyboardInterrupt here: the run ends KILLED, then the task ends
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    if code != 0:
+        raise CellFailed(f"{name} train command exited {code}; last lines:\n" + "\n".join(tail))
+    return "\n".join(tail)
+
+
+def _term_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent (the Ray worker) dies — a stopped node's cells end
+    their runs themselves instead of training on as orphans (Linux; elsewhere the retry closes them)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+PROBE = ("import json, sys; sys.path[:0] = ['src']; import torch; "
+         "from ampbench.precision.policy import resolve_device; from ampbench.runtime.hardware import fingerprint; "
+         "print(json.dumps({'torch': torch.__version__, 'device': fingerprint(resolve_device(sys.argv[1]))"
+         "['device_name']}))")
+
+
+def probe_node(device: str, python: str | None = None) -> dict:
+    """On one node, with the project's shipped library: its torch version and the name of the device a cell of
+    ``train.device`` would train on (``runtime.hardware.fingerprint``'s ``device_name``)."""
+    import json
+
+    proc = subprocess.run([python or sys.executable, "-c", PROBE, device], cwd=Path.cwd(), capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"torch": f"unusable ({last})", "device": "unknown", "host": socket.gethostname()}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "host": socket.gethostname()}
