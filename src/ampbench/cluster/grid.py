@@ -119,4 +119,5 @@ def check_nodes(probes: dict[str, dict[str, str]], hosts: dict[str, str], pinned
 def progress_line(done: int, total: int, cell: Cell, result: dict[str, Any]) -> str:
     """The head's line when a cell lands."""
     return (f"[{cell.name}] finished on node {result['node'][:12]} ({result['host']}) in {result['seconds']:.0f} s "
-            f"— {done} of {total} cells")
+            f"({result['setup_seconds']:.0f} s of it copying the project and pulling the data) — {done} of {total} "
+            "cells")

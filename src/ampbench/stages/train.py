@@ -40,11 +40,8 @@ from ampbench.training.state import EpochRecord, LoopConfig, TrainState
 def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_root: Path, tags: dict[str, str],
               resume_dir: Path, code_version: str = "", cell: Cell | None = None) -> dict[str, Any]:
     """Train ``arm`` once per seed in ``params.train.seeds``; write checkpoints, history and summary to out_dir.
-
-    A seed stopped by the divergence guard is recorded as diverged. Returns the summary (``summary.json``). With
-    ``cell`` (a cluster cell) only ``cell.seeds`` train, each kept finished in ``resume_dir`` for the stage that
-    collects them; nothing else is written and the summary holds those seeds only.
-    """
+    A seed stopped by the divergence guard is recorded as diverged. Returns the summary (``summary.json``). A
+    cluster ``cell`` trains only its seeds, each kept finished in ``resume_dir`` for the stage that collects them."""
     device = resolve_device(params.train.device)
     world = distributed.init(device.type)  # one process, or this rank of a torchrun job
     device = distributed.device_for(world, device)
