@@ -41,7 +41,7 @@ VOLATILE = {"samples_per_s", "train_samples_per_s", "peak_memory_mb", "peak_rese
 def _required(what: str, variable: str) -> None:
     if os.environ.get(variable) == "1":
         pytest.fail(f"{what} is required here ({variable}=1)")
-    pytest.skip(f"needs {what}")
+    pytest.skip(f"needs {what}", allow_module_level=True)
 
 
 try:
@@ -198,6 +198,48 @@ def test_refusals_before_any_cell(cluster, project, tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert gone.returncode == 2 and "cannot reach the Ray cluster" in gone.stderr
     assert not (ours / ".resume").exists() and not (ours / "models").exists()
+
+
+def test_an_interrupted_head_cancels_its_cells_and_a_rerun_trains_only_the_rest(cluster, project):
+    """SIGTERM to `ampbench cluster repro` once a cell landed: the running cells are cancelled (their runs end
+    KILLED), the landed seeds stay in .resume/; the same command again trains only the others, under the same
+    parent, and the outputs are the sequential run's."""
+    repo, root, env, sequential = project
+    ours = _clone(repo, root / "interrupted", env)
+    env = {**env, "MLFLOW_TRACKING_URI": TEAM}
+    proc = subprocess.Popen([*AMPBENCH, "cluster", "repro", "--address", cluster["address"]], cwd=ours, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "1 of 4 cells" in line:
+            proc.send_signal(signal.SIGTERM)
+    out = "".join(lines)
+    assert proc.wait(timeout=600) == 130, out[-3000:]
+    assert "cells cancelled (their MLflow runs end KILLED)" in out and "run the same command again" in out, out
+    landed = sorted((ours / ".resume").rglob("seed*.pt"))
+    assert 1 <= len(landed) < 4 and not (ours / "models").exists()
+    parent, children = _children_of_cell(ours, landed[0])
+    assert "RUNNING" not in {r.info.status for r in children}
+    again = run_ok([*AMPBENCH, "cluster", "repro", "--address", cluster["address"]], ours, env)
+    assert f"{4 - len(landed)} cells to train" in again, again[-3000:]
+    _assert_same_outputs(ours, sequential)
+    same_parent, children = _children(ours)
+    assert same_parent == parent
+    assert sorted(r.info.status for r in children if r.info.status == "FINISHED") == ["FINISHED"] * 4
+
+
+def _children_of_cell(ours: Path, resume_file: Path) -> tuple[str, list]:
+    """The parent and children of the run a landed resume file names (before any summary.json exists)."""
+    import mlflow
+    import torch
+
+    meta = torch.load(resume_file, weights_only=False)["meta"]["resume"]
+    mlflow.set_tracking_uri(TEAM)
+    parent = mlflow.get_run(meta["run_id"]).data.tags["mlflow.parentRunId"]
+    experiment = mlflow.get_run(parent).info.experiment_id
+    return parent, mlflow.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'",
+                                      output_format="list")
 
 
 def test_a_worker_lost_mid_cell(cluster, project):

@@ -95,7 +95,8 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], name: str) -> str:
             proc.kill()
         raise
     if code != 0:
-        raise CellFailed(f"{name} train command exited {code}; last lines:\n" + "\n".join(tail))
+        last = next((line for line in reversed(tail) if line.strip()), "no output")
+        raise CellFailed(f"{name} train command exited {code}: {last}\n" + "\n".join(tail))
     return "\n".join(tail)
 
 

@@ -19,7 +19,8 @@ from ampbench import tracking
 from ampbench.cluster import grid, ray_backend, workspace
 from ampbench.cluster.grid import Cell, ClusterError, Placement
 from ampbench.config.validation import load_params
-from ampbench.precision.policy import resolve_device
+from ampbench.errors import ArmUnavailable
+from ampbench.precision.policy import resolve_device, resolve_policy
 from ampbench.runtime import processes
 from ampbench.runtime.console import log
 from ampbench.runtime.files import dvc_md5
@@ -55,9 +56,10 @@ def cluster_repro(root: Path, options: Options) -> None:
     processes.handle_signals_once()  # SIGTERM unwinds like Ctrl-C: the cells are cancelled, landed ones kept
     try:
         _check_cluster(root, params, options, uri)
-        cells = workspace.unfinished(root, params, workspace.stale_arms(root, params.train.precisions))
+        cells = workspace.unfinished(root, params, _runnable(workspace.stale_arms(root, params.train.precisions),
+                                                             params))
         if cells:
-            parent = _parent(root, params, options)
+            parent = _parent(root, params, options, cells)
             specs = [_spec(c, parent, uri, artifacts, root) for c in cells]
             log(f"{len(cells)} cells to train on the cluster at {options.address} "
                 f"({options.placement.describe()} each): {', '.join(c.name for c in cells)}")
@@ -83,14 +85,28 @@ def _check_cluster(root: Path, params, options: Options, uri: str) -> None:
     log(f"Ray cluster at {options.address}: {len(live)} live nodes, {len(fit)} can run a cell; {head_device}")
 
 
-def _parent(root: Path, params, options: Options) -> str:
-    """The execution's parent run, made (or found, for a rerun of the same execution) once, here: the key the
-    train stages use, so the stage that collects the cells and a later plain ``dvc repro`` find it too."""
+def _runnable(arms: list[str], params) -> list[str]:
+    """The arms this device kind can run (every cell's node has it); the train stage here records the others as
+    skipped, with the reason, as it does without a cluster."""
+    device = resolve_device(params.train.device)
+    runnable = []
+    for arm in arms:
+        try:
+            resolve_policy(arm, device, params.train.fp32_modules)
+            runnable.append(arm)
+        except ArmUnavailable as exc:
+            log(f"[{arm}] not sent to the cluster: {exc} (the train stage records it as skipped)")
+    return runnable
+
+
+def _parent(root: Path, params, options: Options, cells: list[Cell]) -> str:
+    """The execution's parent run, made once, here, by the key the train stages use (so the stage that collects
+    the cells and a later plain ``dvc repro`` find it too); the rerun of an interrupted run joins its parent."""
     experiment_id = tracking.setup(root, params.mlflow.experiment)  # the experiment is created here, once
     tags = run_tags(root)
     key = execution_key(params, dvc_md5(root / "data" / "prepared"), workspace.code(root, params), tags)
     parent = tracking.execution_parent(experiment_id, key, tracking.execution_name(tags), params.train.precisions[0],
-                                       tags, execution_params(params))
+                                       tags, execution_params(params), cells=[(c.arm, c.seed) for c in cells])
     tracking.log_to(parent, {}, {"ampbench.cluster": options.address,
                                  "ampbench.cluster_placement": options.placement.describe()})
     return parent

@@ -23,14 +23,15 @@ def execution_name(tags: dict[str, str]) -> str:
 
 
 def execution_parent(experiment_id: str, key: str, name: str, arm: str, tags: dict[str, str],
-                     params: dict[str, str]) -> str:
+                     params: dict[str, str], cells: list[tuple[str, int]] | None = None) -> str:
     """The parent run that groups one pipeline execution's arm × seed runs (and, after evaluate, its comparison).
 
     The train stages of one execution run as separate processes; they share ``key`` (what they all train from:
     params other than the arm list, data, code, DVC experiment). Each takes the newest parent with that key that
     holds no FINISHED run of ``arm`` yet — a rerun of the same execution (``dvc exp run -f``) gets a new parent, an
-    arm added later or a failed arm retried joins the old one — or creates it. A parent is a container, created
-    FINISHED (nothing to leave RUNNING); ``params`` are logged once, at creation.
+    arm added later or a failed arm retried joins the old one — or creates it. A cluster run asks for its ``cells``
+    (arm, seed) instead: an interrupted one's rerun joins the parent that holds the cells done. A parent is a
+    container, created FINISHED (nothing to leave RUNNING); ``params`` are logged once, at creation.
     """
     from mlflow.tracking import MlflowClient
 
@@ -40,11 +41,12 @@ def execution_parent(experiment_id: str, key: str, name: str, arm: str, tags: di
             [experiment_id], filter_string=f"tags.`ampbench.execution` = '{key}'",
             order_by=["attributes.start_time DESC"], max_results=50)
         for parent in parents:
-            done = retry(client.search_runs)(
+            done = [retry(client.search_runs)(
                 [experiment_id], max_results=1,
-                filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and tags.precision = '{arm}' "
-                              "and attributes.status = 'FINISHED'")
-            if not done:
+                filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and tags.precision = '{a}' "
+                              + (f"and tags.seed = '{seed}' " if seed is not None else "")
+                              + "and attributes.status = 'FINISHED'") for a, seed in cells or [(arm, None)]]
+            if not any(done):
                 return parent.info.run_id
         return _new_parent(experiment_id, name, {**tags, "ampbench.execution": key}, params)
 
