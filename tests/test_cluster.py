@@ -1,8 +1,8 @@
 """`ampbench cluster repro` (issue 38) on a real Ray cluster on this machine: a head and a worker node, each started
 by `ray start` with its own resources, the team MLflow server (PostgreSQL) and a local-folder DVC remote. A tiny grid
 (2 arms × 2 seeds on CPU) runs its cells on both nodes and ends with `dvc status` clean, `dvc repro` running
-nothing, and outputs and dvc.lock equal to a sequential `dvc repro` of the same commit; then a worker killed
-mid-cell: the grid still finishes, the lost attempt's run KILLED, the outputs the same.
+nothing, and outputs and dvc.lock equal to a sequential `dvc repro` of the same commit; then the head interrupted
+and a worker killed mid-cell: the grid still finishes, the lost attempts' runs KILLED, the outputs the same.
 
 Needs Ray (make install-cluster) and AMPBENCH_TEAM_SERVER; `make test-cluster` runs it (CI: .ci/run), `make test` not.
 Ray runs each cell with OMP_NUM_THREADS = its CPUs (1), so the sequential reference runs with one thread too:
@@ -194,42 +194,80 @@ def test_refusals_before_any_cell(cluster, project, tmp_path):
     sqlite = subprocess.run([*AMPBENCH, "cluster", "repro", "--address", cluster["address"]], cwd=ours, env=env,
                             capture_output=True, text=True, timeout=600)
     assert sqlite.returncode == 2 and "is a SQLite file" in sqlite.stderr and "2 nodes" in sqlite.stderr
+    no_ray_remote = _clone(repo, tmp_path / "no-remote", env)
+    run_ok([*DVC, "remote", "default", "--project", "--unset"], no_ray_remote, env)
+    none = subprocess.run([*AMPBENCH, "cluster", "repro", "--address", cluster["address"]], cwd=no_ray_remote,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert none.returncode == 2 and "no default DVC remote in .dvc/config" in none.stderr
     gone = subprocess.run([*AMPBENCH, "cluster", "repro", "--address", f"127.0.0.1:{_free_port()}"], cwd=ours,
                           env=env, capture_output=True, text=True, timeout=120)
     assert gone.returncode == 2 and "cannot reach the Ray cluster" in gone.stderr
     assert not (ours / ".resume").exists() and not (ours / "models").exists()
 
 
-def test_an_interrupted_head_cancels_its_cells_and_a_rerun_trains_only_the_rest(cluster, project):
-    """SIGTERM to `ampbench cluster repro` once a cell landed: the running cells are cancelled (their runs end
-    KILLED), the landed seeds stay in .resume/; the same command again trains only the others, under the same
-    parent, and the outputs are the sequential run's."""
+def test_an_interrupted_head_then_a_worker_lost_mid_cell(cluster, project):
+    """SIGTERM to `ampbench cluster repro` once a cell landed: the other cells are cancelled (their runs end KILLED),
+    the landed seeds stay in .resume/. The same command again trains only the rest, under the same parent — and
+    its worker node is killed (raylet, workers and the cell's train command) once a cell there is training: Ray
+    runs that cell again on the head node, the lost attempt's run ends KILLED, and the outputs are the sequential
+    run's."""
     repo, root, env, sequential = project
-    ours = _clone(repo, root / "interrupted", env)
+    ours = _clone(repo, root / "faults", env)
     env = {**env, "MLFLOW_TRACKING_URI": TEAM}
-    proc = subprocess.Popen([*AMPBENCH, "cluster", "repro", "--address", cluster["address"]], cwd=ours, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [*AMPBENCH, "cluster", "repro", "--address", cluster["address"]]
+    out = _watch(cmd, ours, env, lambda line, proc: "1 of 4 cells" in line and proc.send_signal(signal.SIGTERM))
+    assert out.returncode == 130, out.text[-3000:]
+    assert "cells cancelled (their MLflow runs end KILLED)" in out.text and "same command again" in out.text
+    landed = sorted((ours / ".resume").rglob("seed*.pt"))
+    assert 1 <= len(landed) < 4 and not (ours / "models").exists(), landed
+    parent, children = _children_of_cell(landed[0])
+    assert "RUNNING" not in {r.info.status for r in children}
+
+    on_worker, killed = set(), []
+
+    def kill_the_worker(line: str, proc) -> None:
+        if f"started on node {cluster['worker_id'][:12]}" in line:
+            on_worker.add(line.split("]")[0].split("[")[-1])  # "fp32 seed 0"
+        cell = next((c for c in on_worker if f"[{c}] [" in line and "epoch 1/" in line), None)
+        if cell and not killed:
+            killed.append(cell)
+            os.killpg(cluster["worker"].pid, signal.SIGKILL)
+
+    again = _watch(cmd, ours, env, kill_the_worker)
+    assert again.returncode == 0, again.text[-4000:]
+    assert f"{4 - len(landed)} cells to train" in again.text and killed, again.text[-4000:]
+    assert f"[{killed[0]}] finished on node {cluster['head_id'][:12]}" in again.text, again.text[-4000:]
+    assert "Data and pipelines are up to date" in run_ok([*DVC, "status"], ours, env)
+    _assert_same_outputs(ours, sequential)
+    same_parent, children = _children(ours)
+    assert same_parent == parent  # one story in MLflow: the rerun joined the interrupted run's parent
+    assert [r.info.status for r in children].count("FINISHED") == 4 and "RUNNING" not in {
+        r.info.status for r in children}
+    arm, _, seed = killed[0].split()
+    lost = [r for r in children if r.data.tags["precision"] == arm and r.data.tags["seed"] == seed
+            and r.data.tags["ray.node_id"] == cluster["worker_id"] and r.info.status == "KILLED"]
+    assert len(lost) == 1, [(r.data.tags["ray.node_id"][:8], r.info.status) for r in children]
+    # Closed by the retry (its node was lost) or, on this one machine, by any later run that saw its process gone.
+    ended_by = lost[0].data.tags["ampbench.ended_by"]
+    assert "was lost" in ended_by or "died without closing the run" in ended_by, ended_by
+
+
+class _Watched:
+    def __init__(self, returncode: int, text: str):
+        self.returncode, self.text = returncode, text
+
+
+def _watch(cmd: list[str], cwd: Path, env: dict, on_line) -> _Watched:
+    """Run ``cmd``, calling ``on_line(line, process)`` on each line of its output as it comes."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        if "1 of 4 cells" in line:
-            proc.send_signal(signal.SIGTERM)
-    out = "".join(lines)
-    assert proc.wait(timeout=600) == 130, out[-3000:]
-    assert "cells cancelled (their MLflow runs end KILLED)" in out and "run the same command again" in out, out
-    landed = sorted((ours / ".resume").rglob("seed*.pt"))
-    assert 1 <= len(landed) < 4 and not (ours / "models").exists()
-    parent, children = _children_of_cell(ours, landed[0])
-    assert "RUNNING" not in {r.info.status for r in children}
-    again = run_ok([*AMPBENCH, "cluster", "repro", "--address", cluster["address"]], ours, env)
-    assert f"{4 - len(landed)} cells to train" in again, again[-3000:]
-    _assert_same_outputs(ours, sequential)
-    same_parent, children = _children(ours)
-    assert same_parent == parent
-    assert sorted(r.info.status for r in children if r.info.status == "FINISHED") == ["FINISHED"] * 4
+        on_line(line, proc)
+    return _Watched(proc.wait(timeout=900), "".join(lines))
 
 
-def _children_of_cell(ours: Path, resume_file: Path) -> tuple[str, list]:
+def _children_of_cell(resume_file: Path) -> tuple[str, list]:
     """The parent and children of the run a landed resume file names (before any summary.json exists)."""
     import mlflow
     import torch
@@ -240,37 +278,3 @@ def _children_of_cell(ours: Path, resume_file: Path) -> tuple[str, list]:
     experiment = mlflow.get_run(parent).info.experiment_id
     return parent, mlflow.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'",
                                       output_format="list")
-
-
-def test_a_worker_lost_mid_cell(cluster, project):
-    """Kill the worker node (its raylet, workers and the cell's train command) once a cell there is training:
-    Ray runs the cell again on the head node, the lost attempt's run ends KILLED, the outputs are the same."""
-    repo, root, env, sequential = project
-    ours = _clone(repo, root / "fault", env)
-    env = {**env, "MLFLOW_TRACKING_URI": TEAM}
-    proc = subprocess.Popen([*AMPBENCH, "cluster", "repro", "--address", cluster["address"]], cwd=ours, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, on_worker, killed = [], set(), None
-    for line in proc.stdout:
-        lines.append(line)
-        if f"started on node {cluster['worker_id'][:12]}" in line:
-            on_worker.add(line.split("]")[0].split("[")[-1])  # "fp32 seed 0"
-        if killed is None and any(f"[{cell}] [" in line and "epoch 1/" in line for cell in on_worker):
-            killed = next(cell for cell in on_worker if f"[{cell}] [" in line)
-            os.killpg(cluster["worker"].pid, signal.SIGKILL)
-    assert proc.wait(timeout=900) == 0, "".join(lines[-80:])
-    assert killed, "no cell trained on the worker node"
-    out = "".join(lines)
-    assert "4 of 4 cells" in out and f"[{killed}] finished on node {cluster['head_id'][:12]}" in out, out[-4000:]
-    assert "Data and pipelines are up to date" in run_ok([*DVC, "status"], ours, env)
-    _assert_same_outputs(ours, sequential)
-    _, children = _children(ours)
-    arm, _, seed = killed.split()
-    mine = [r for r in children if r.data.tags["precision"] == arm and r.data.tags["seed"] == seed]
-    assert sorted(r.info.status for r in mine) == ["FINISHED", "KILLED"]
-    lost = next(r for r in mine if r.info.status == "KILLED")
-    # Closed by the retry (its node was lost) or, on this one machine, by any later run that saw its process gone.
-    assert lost.data.tags["ray.node_id"] == cluster["worker_id"]
-    ended_by = lost.data.tags["ampbench.ended_by"]
-    assert "was lost" in ended_by or "died without closing the run" in ended_by, ended_by
-    assert sorted(r.info.status for r in children if r not in mine) == ["FINISHED"] * 3

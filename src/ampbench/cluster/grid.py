@@ -87,7 +87,7 @@ def _offer(resources: dict[str, float]) -> str:
 
 def check_store(uri: str, nodes: list[Node]) -> None:
     """A SQLite store is a file on this machine: refused once the cluster has nodes on more than it."""
-    if uri.startswith("sqlite:") and len(nodes) > 1:
+    if uri.lower().startswith("sqlite:") and len(nodes) > 1:
         raise ClusterError(f"MLflow store {uri} is a SQLite file, which the cells of {len(nodes)} nodes cannot "
                            "share (no locking across machines, and other hosts do not see it): start the team "
                            "server (make team-server) and export the MLFLOW_TRACKING_URI it prints")

@@ -22,11 +22,9 @@ def connect(address: str, project: Path) -> None:
     directory. One line when Ray is missing or the address does not answer."""
     reachable(address)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read at import: each cell's lines as they come, not "[repeated 3x]"
-    try:
-        import ray
-    except ImportError:
-        raise ClusterError("Ray is not installed in this environment: make install-cluster (requirements-ray.lock)")\
-            from None
+    available()
+    import ray
+
     ray.cloudpickle.register_pickle_by_value(cell_module)  # workers need not have ampbench installed
     # Ray's notes on what it leaves out of a working directory (.git, .venv): expected here, not for the user
     logging.getLogger("ray._private.runtime_env.working_dir").setLevel(logging.ERROR)
@@ -35,6 +33,14 @@ def connect(address: str, project: Path) -> None:
                  logging_level=logging.WARNING, log_to_driver=True)
     except (ConnectionError, RuntimeError) as exc:
         raise ClusterError(f"cannot join the Ray cluster at {address}: {exc}") from None
+
+
+def available() -> None:
+    """One line when Ray is not installed here (checked before any work)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ClusterError("Ray is not installed in this environment: make install-cluster (requirements-ray.lock)")
 
 
 def reachable(address: str) -> None:
@@ -96,15 +102,22 @@ class Running:
                 yield self.cells[ref], None, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
             self.cells.pop(ref)
 
-    def cancel(self, wait_s: float = 120.0) -> list[Cell]:
+    def cancel(self, wait_s: float = 120.0) -> list[tuple[Cell, dict[str, Any]]]:
         """Cancel every cell still queued or running (a running one's train command gets SIGTERM and ends its run
-        KILLED); wait up to ``wait_s`` for them to stop. Returns the cancelled cells."""
+        KILLED); wait up to ``wait_s`` for them to stop. Returns the cells that finished all the same (one whose
+        seed was done before the cancel reached it), to land with the others."""
         import ray
 
         for ref in self.cells:
             ray.cancel(ref)
         ray.wait(list(self.cells), num_returns=len(self.cells), timeout=wait_s)
-        return list(self.cells.values())
+        finished = []
+        for ref, cell in self.cells.items():
+            try:
+                finished.append((cell, ray.get(ref, timeout=0)))
+            except ray.exceptions.RayError:  # cancelled, failed, or still stopping
+                pass
+        return finished
 
 
 def disconnect() -> None:

@@ -49,6 +49,7 @@ def cluster_repro(root: Path, options: Options) -> None:
     params = load_params(root / "params.yaml")
     uri, artifacts = tracking.store_uris(root)
     tracking.check_uri(uri)
+    ray_backend.available()
     ray_backend.reachable(options.address)
     workspace.default_remote(root)
     workspace.prepare_inputs(root)  # before Ray ships the project's files: dvc.lock then names the prepared data
@@ -135,10 +136,12 @@ def _train(root: Path, cells: list[Cell], specs: list[dict], options: Options) -
             done += 1
             log(grid.progress_line(done, len(cells), cell, result))
     except KeyboardInterrupt as exc:
-        cancelled = running.cancel()
-        raise Interrupted(f"{exc or 'SIGINT'}: {len(cancelled)} running or queued cells cancelled (their MLflow "
-                          f"runs end KILLED); {done} finished cells are kept in .resume/ — run the same command "
-                          "again to train only the rest") from None
+        for cell, result in running.cancel():  # done before the cancel reached them: kept like the others
+            workspace.land(root, cell, result.pop("resume_file"))
+            done += 1
+        raise Interrupted(f"{exc or 'SIGINT'}: the running and queued cells cancelled (their MLflow runs end "
+                          f"KILLED); {done} finished cells are kept in .resume/ — run the same command again to "
+                          "train only the rest") from None
     if failed:
         raise ClusterError(f"{len(failed)} of {len(cells)} cells failed ({'; '.join(failed)}); the {done} finished "
                            "are kept in .resume/ — fix the cause and run the same command again")

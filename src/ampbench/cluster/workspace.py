@@ -32,12 +32,16 @@ def dvc(root: Path, *args: str, quiet: bool = False) -> str:
 
 
 def default_remote(root: Path) -> str:
-    """The DVC remote the cells pull data/prepared from; one line when the project has none."""
-    name = dvc(root, "remote", "default", quiet=True).strip()
+    """The DVC remote the cells pull data/prepared from: the project's default, in .dvc/config (the copy Ray
+    ships has no .dvc/config.local); one line when the project has none."""
+    try:
+        name = dvc(root, "remote", "default", "--project", quiet=True).strip()
+    except ClusterError:  # "No default remote set" exits 1
+        name = ""
     if not name:
-        raise ClusterError("this project has no default DVC remote: the cells pull data/prepared from one that "
-                           "every node can reach (a shared folder or an object store): "
-                           "dvc remote add -d shared <url>; dvc push (docs/cluster.md)")
+        raise ClusterError("this project has no default DVC remote in .dvc/config: the cells pull data/prepared "
+                           "from one that every node can reach (a shared folder or an object store): "
+                           "dvc remote add -d shared <url> (not --local) (docs/cluster.md)")
     return name
 
 
