@@ -265,7 +265,7 @@ def cluster_repro(address: str, root: Path, cpus: float, gpus: float | None, acc
     """Run the pipeline with every stale arm × seed cell as a task on the Ray cluster at --address, then record
     them with `dvc repro` here (the train stages collect the cells; speed and evaluate run on this node)."""
     from ampbench.cluster.grid import Placement
-    from ampbench.cluster.repro import Interrupted, Options
+    from ampbench.cluster.repro import Options
     from ampbench.cluster.repro import cluster_repro as run_grid
 
     if gpus is None:
@@ -274,8 +274,8 @@ def cluster_repro(address: str, root: Path, cpus: float, gpus: float | None, acc
         gpus = 1.0 if torch.cuda.is_available() else 0.0
     try:
         run_grid(root, Options(address, Placement(cpus, gpus, accelerator_type, resource), retries))
-    except Interrupted as exc:
-        click.echo(f"interrupted ({exc})", err=True)
+    except KeyboardInterrupt as exc:  # repro.Interrupted says what was cancelled and what is kept
+        click.echo(f"interrupted ({exc or 'SIGINT'})", err=True)
         raise SystemExit(130) from None
 
 

@@ -88,12 +88,15 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], name: str) -> str:
             print(f"{name} {line.rstrip()}", flush=True)
         code = proc.wait()
     except BaseException:  # ray.cancel raises KeyboardInterrupt here: the run ends KILLED, then the task ends
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # nothing when it has already exited
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
-        raise
+        if proc.returncode != 0:
+            raise
+        # The seed was done (its run FINISHED) before the cancel came: hand it back, the head lands it.
+        return "\n".join(tail)
     if code != 0:
         last = next((line for line in reversed(tail) if line.strip()), "no output")
         raise CellFailed(f"{name} train command exited {code}: {last}\n" + "\n".join(tail))
