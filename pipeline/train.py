@@ -53,7 +53,7 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
     from ampbench.config.user_code import require_tracked
     from ampbench.errors import ParamsError
     from ampbench.runtime.distributed import launched_by_torchrun
-    from ampbench.stages.outputs import Cell
+    from ampbench.stages.outputs import ClusterCell
     from ampbench.stages.train import train_arm
 
     if precision not in params.train.precisions:
@@ -62,7 +62,7 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
     if cell_seeds or parent_run or node:
         if not (cell_seeds and parent_run and node) or not set(cell_seeds) <= set(params.train.seeds):
             raise ParamsError("a cluster cell needs --seed (one of train.seeds), --parent-run and --node together")
-        cell = Cell(tuple(cell_seeds), parent_run, node)
+        cell = ClusterCell(tuple(cell_seeds), parent_run, node)
     require_tracked("train.model", params.train.model, params.train.model_code, CHECKOUT)
     require_tracked("train.task", params.train.task, params.train.task_code, CHECKOUT)
     if params.train.nproc_per_node > 1 and not launched_by_torchrun():

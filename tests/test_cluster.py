@@ -85,7 +85,7 @@ def cluster():
     try:
         for _ in range(60):
             nodes = _nodes(address, env)
-            if len(nodes) == 2:
+            if len(nodes) == 2 or worker.poll() is not None:  # joined, or `ray start` gave up (its log says why)
                 break
             time.sleep(1)
         assert len(nodes) == 2, (temp / "worker.log").read_text()[-2000:]

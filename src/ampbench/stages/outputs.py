@@ -62,7 +62,7 @@ class SeedJob:
 
 
 @dataclass(frozen=True)
-class Cell:
+class ClusterCell:
     """A cluster cell's share of an arm (``ampbench cluster repro``): the seeds it trains, the cluster
     execution's parent run they nest under, and the Ray node it runs on (recorded with each seed)."""
 
@@ -75,7 +75,7 @@ class ArmOutputs:
     """Every side effect of training one arm. With ``enabled`` False (DDP ranks other than 0) it does nothing."""
 
     def __init__(self, arm: str, files: ArmFiles, resume_dir: Path, project_root: Path, tags: dict[str, str],
-                 enabled: bool, cell: Cell | None = None):
+                 enabled: bool, cell: ClusterCell | None = None):
         self.arm, self.files, self.resume_dir = arm, files, resume_dir
         self.project_root, self.tags, self.enabled = project_root, tags, enabled
         self.node = cell.node if cell else None

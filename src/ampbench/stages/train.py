@@ -26,7 +26,7 @@ from ampbench.runtime import distributed
 from ampbench.runtime.files import dvc_md5, json_digest
 from ampbench.runtime.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.stages import resume
-from ampbench.stages.outputs import ArmOutputs, Cell, SeedJob
+from ampbench.stages.outputs import ArmOutputs, ClusterCell, SeedJob
 from ampbench.stages.preflight import check_16_bit_work, check_model, check_steps, estimate, request_size
 from ampbench.tasks.resolve import resolve_task
 from ampbench.training import checkpoint
@@ -38,7 +38,7 @@ from ampbench.training.state import EpochRecord, LoopConfig, TrainState
 
 
 def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_root: Path, tags: dict[str, str],
-              resume_dir: Path, code_version: str = "", cell: Cell | None = None) -> dict[str, Any]:
+              resume_dir: Path, code_version: str = "", cell: ClusterCell | None = None) -> dict[str, Any]:
     """Train ``arm`` once per seed in ``params.train.seeds``; write checkpoints, history and summary to out_dir.
     A seed stopped by the divergence guard is recorded as diverged. Returns the summary (``summary.json``). A
     cluster ``cell`` trains only its seeds, each kept finished in ``resume_dir`` for the stage that collects them."""
