@@ -324,8 +324,8 @@ def _diverged_record(arm: str, culprit: dict) -> tuple[dict, list[str]]:
     from ampbench.stages.train import _diverged
 
     logged: list[str] = []
-    out = SimpleNamespace(log=logged.append, numerics=lambda *a: None)
-    job = SimpleNamespace(arm=arm, seed=0, policy=resolve_policy(arm, CPU))
+    out = SimpleNamespace(log=logged.append, numerics=lambda *a: None, node=None)
+    job = SimpleNamespace(arm=arm, seed=0, policy=resolve_policy(arm, CPU), device=CPU)
     record = _diverged(job, Diverged("diverged", culprit=culprit), SimpleNamespace(run_id="r", records=[]), out, None)
     return record, logged
 
