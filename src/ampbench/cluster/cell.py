@@ -51,8 +51,10 @@ def run_cell(spec: dict) -> dict:
         _pull_data(python, project)
         setup = time.monotonic() - started
         resume = scratch / "resume"
-        cmd = [python, "pipeline/train.py", "--precision", arm, "--seed", str(seed), "--parent-run",
-               spec["parent_run"], "--node", node, "--resume-dir", str(resume)]
+        # Through the node's preload server (runtime/preload.py), as pipeline/python runs a stage: torch and MLflow
+        # are imported once per node, not once per cell.
+        cmd = [python, "src/ampbench/runtime/preload.py", "pipeline/train.py", "--precision", arm, "--seed", str(seed),
+               "--parent-run", spec["parent_run"], "--node", node, "--resume-dir", str(resume)]
         env = {**os.environ, **spec.get("env", {}), "MLFLOW_TRACKING_URI": spec["tracking_uri"],
                "PYTHONUNBUFFERED": "1"}
         env.pop("DVC_ROOT", None)

@@ -7,4 +7,6 @@
 - ``processes``: process identity (for closing dead processes' runs), one-shot signals, ``dvc`` watching.
 - ``files``: atomic writes, reports published together, JSON reads that name the bad file.
 - ``console``: progress lines for people, on stderr.
+- ``preload``, ``preload_server``, ``preload_child``: a stage's start-up paid once — a server that imported torch and
+  MLflow forks each stage command (``pipeline/python`` runs the client); scripts, standard library only.
 """

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ampbench.runtime.preload import LAUNCHER_ENV
+
 
 def interrupt_once(signum, frame):
     """Signal handler: the first SIGINT/SIGTERM raises KeyboardInterrupt(name); every later one is ignored, so that
@@ -134,10 +136,18 @@ def dvc_ancestor() -> Identity | None:
     for _ in range(8):  # dvc, its shell, torchrun…: a short chain
         if pid is None or pid <= 1:
             return None
-        if _is_dvc(_cmdline(pid)):
+        argv = _cmdline(pid)
+        if _is_dvc(argv):
             return Identity(socket.gethostname(), pid, start_time(pid) or "")
+        if _is_preload_server(argv):  # forked by it (runtime/preload.py): the client stands where our parent would
+            pid = int(os.environ.get(LAUNCHER_ENV) or 0)
+            continue
         pid = _parent(pid)
     return None
+
+
+def _is_preload_server(argv: list[str]) -> bool:
+    return len(argv) > 1 and os.path.basename(argv[1]) == "preload_server.py"
 
 
 def stop_when_gone(owner: Identity, say, interval: float = 0.5) -> threading.Thread:

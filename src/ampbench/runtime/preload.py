@@ -1,0 +1,255 @@
+"""A stage's start-up paid once: a server that has imported torch and MLflow forks each stage command from itself.
+
+Every DVC stage is a new Python process, and most of its fixed cost is importing torch, torch's compiler front end
+(which every ``torch.optim`` optimizer pulls in) and MLflow, then using ``torch.export`` and MLflow's SQL store for
+the first time. ``pipeline/python`` runs a stage through this file: the *client* hands the command (argv, working
+directory, environment, umask and its own stdin/stdout/stderr, passed as file descriptors) over a Unix socket to a
+*server* that imported those modules once; the server forks, the child becomes the stage — it runs the script as
+``__main__`` the way ``python script.py`` would, with every ampbench module imported fresh from the checkout the
+command names — and the client waits for it, passes on the signals it gets and exits with its status. The first
+stage starts the server (paying the imports once, in its own process); a server with no stage running for
+``AMPBENCH_PRELOAD_IDLE`` seconds (default 300) exits.
+
+What makes a forked child the same as a new process here, and what does not carry over:
+
+- Only third-party modules are preloaded, never ampbench or a user's code, so an edited checkout is what runs. A
+  server serves one interpreter with one set of installed packages and one value of every variable read at import
+  (thread counts, locale, ``PYTHON*``, ``TORCH*``, ``CUDA*``…): those are the server's key, a changed key starts
+  another server. CUDA is never initialised in the server (a forked CUDA context is unusable).
+- The server refuses to serve (the stage runs as a plain process) if preloading started a second thread: a fork
+  copies only the forking thread, and a lock held by another would stay held in the child.
+- The child sets a parent-death signal (SIGTERM) so a killed server cannot leave it running; a client that
+  vanishes (killed with SIGKILL) gets its stage sent SIGTERM, which the stages turn into their KILLED bookkeeping;
+  ``AMPBENCH_LAUNCHER_PID`` tells the stage which process stands where its parent would (the dvc watch).
+- numpy's global generator is reseeded in the child (a fresh process draws its own seed; children of one server
+  would otherwise share one). torch's default generator starts from the same constant in any process.
+
+``AMPBENCH_PRELOAD=0`` runs every stage as a plain process. Linux only (elsewhere: a plain process). The server's
+log is beside its socket, in ``$XDG_RUNTIME_DIR/ampbench`` or ``/tmp/ampbench-<uid>``.
+
+Three files, run as scripts and using the standard library only, so that no side imports ampbench: this one (the
+client, and what both sides agree on; ``python preload.py SCRIPT ARGS…``), ``preload_server.py`` (``python
+preload_server.py SOCKET``) and ``preload_child.py`` (what a forked child does to become the stage).
+``AMPBENCH_PRELOAD_MODULES`` (comma-separated) replaces the list of modules the server imports: add your task's
+heavy imports (``transformers``…), or name none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+# What a stage imports that costs seconds; each is imported by the pipeline's stages anyway (ImportError: skipped).
+PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.export", "torchvision", "mlflow", "mlflow.pytorch",
+           "mlflow.store.tracking.sqlalchemy_store", "mlflow.tracking.fluent", "click", "yaml", "pydantic",
+           "scipy.stats")
+# Environment variables read when a module is imported (or by the interpreter at start): part of the server's key.
+IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "GOTO", "TORCH", "PYTORCH_", "CUDA_",
+                   "NVIDIA_", "ROCM", "HIP_", "LD_", "LC_", "LANG", "TZ", "AMPBENCH_PRELOAD_MODULES")
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+START_TIMEOUT = 120.0  # the server's imports on a loaded machine; past it the client runs the stage itself
+LAUNCHER_ENV = "AMPBENCH_LAUNCHER_PID"
+HERE = os.path.dirname(os.path.abspath(__file__))
+_HEADER = struct.Struct("!I")
+
+
+# --- what both sides agree on ------------------------------------------------------------------------------------
+
+def enabled(env: dict[str, str]) -> bool:
+    """Preloading is on unless ``AMPBENCH_PRELOAD=0``; Linux only (fork after import, /proc, SO_PEERCRED)."""
+    return sys.platform == "linux" and env.get("AMPBENCH_PRELOAD", "1").strip() not in ("0", "false", "no", "off")
+
+
+def modules(env: dict[str, str]) -> tuple[str, ...]:
+    """What the server imports: ``AMPBENCH_PRELOAD_MODULES`` (comma-separated) or PRELOAD."""
+    named = env.get("AMPBENCH_PRELOAD_MODULES")
+    return PRELOAD if named is None else tuple(m.strip() for m in named.split(",") if m.strip())
+
+
+def key(env: dict[str, str], path: list[str]) -> str:
+    """The server a command may use: same interpreter, same installed packages, same import-time environment,
+    same server code."""
+    blob = json.dumps(key_material(env, path), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def key_material(env: dict[str, str], path: list[str]) -> dict:
+    # A package directory's mtime changes when a package is installed or removed in it; other folders on the path
+    # (PYTHONPATH's: a project, a test's temporary folder) count by name, as nothing in them is preloaded.
+    stamp = []
+    for entry in path:
+        try:
+            installs = os.path.basename(entry) in ("site-packages", "dist-packages")
+            stamp.append((entry, os.stat(entry).st_mtime_ns if installs else None))
+        except OSError:
+            stamp.append((entry, None))
+    own = hashlib.sha256()
+    for name in ("preload.py", "preload_server.py", "preload_child.py"):
+        with open(os.path.join(HERE, name), "rb") as f:
+            own.update(f.read())
+    return {"python": os.path.realpath(sys.executable), "version": sys.version, "prefix": sys.prefix, "path": stamp,
+            "env": sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)),
+            "server": own.hexdigest(), "preload": modules(env)}
+
+
+def runtime_dir(env: dict[str, str]) -> str | None:
+    """A folder only this user can enter (the socket's permission check), or None if there is none."""
+    base = env.get("XDG_RUNTIME_DIR")
+    folder = os.path.join(base, "ampbench") if base and os.path.isdir(base) else ""
+    if not folder or len(folder) > 80:  # a socket's path has room for 107 bytes: the folder, a key, ".sock"
+        folder = f"/tmp/ampbench-{os.getuid()}"
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not os.path.isdir(folder) or os.path.islink(folder):
+        return None  # someone else's, or open to others: a socket there could be anyone's
+    return folder
+
+
+def send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    payload = _HEADER.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [payload], fds)
+    else:
+        sock.sendall(payload)
+
+
+def _recv_exact(sock: socket.socket, n: int, first: bytes = b"") -> bytes:
+    data = first
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError("connection closed")
+        data += chunk
+    return data
+
+
+def recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict, list[int]]:
+    fds: list[int] = []
+    if with_fds:
+        first, fds, _, _ = socket.recv_fds(sock, 65536, with_fds)
+        if not first:
+            raise EOFError("connection closed")
+    else:
+        first = b""
+    head = _recv_exact(sock, _HEADER.size, first[:_HEADER.size])
+    (size,) = _HEADER.unpack(head)
+    return json.loads(_recv_exact(sock, size, first[_HEADER.size:])), fds
+
+
+# --- the client: pipeline/python runs it in place of the stage -------------------------------------------------
+
+def _run_plainly(argv: list[str]) -> None:
+    """The stage as a process of its own (no server): what ``python SCRIPT ARGS`` does."""
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
+def connect(path: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+def _start_server(path: str) -> subprocess.Popen:
+    """The server, detached from our session (a Ctrl-C at the terminal reaches the stages, not it)."""
+    log = open(path[:-len(".sock")] + ".log", "ab")  # noqa: SIM115  (the server's stdout/stderr from here on)
+    with log:
+        return subprocess.Popen([sys.executable, os.path.join(HERE, "preload_server.py"), path],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                close_fds=True)
+
+
+def _server(path: str) -> socket.socket | None:
+    """A connection to the server for this key, starting one if none answers; None if none could be had."""
+    sock = connect(path)
+    if sock is not None:
+        return sock
+    proc = _start_server(path)
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        sock = connect(path)
+        if sock is not None:
+            return sock
+        if proc.poll() not in (None, 0) or os.path.exists(path + ".refused"):
+            return None  # it will not serve (its log says why); exit 0: another one is starting for this key
+        time.sleep(0.05)
+    return None
+
+
+def client(argv: list[str]) -> None:
+    """Run ``python ARGV`` through the server for this interpreter, or plainly where there is none."""
+    env = dict(os.environ)
+    if not argv or argv[0].startswith("-") or not enabled(env):
+        _run_plainly(argv)
+    script = argv[0]
+    # sys.path as `python SCRIPT` would have it: the script's folder first, then what the interpreter adds.
+    path = [os.path.dirname(os.path.realpath(script)), *sys.path[1:]]
+    folder = runtime_dir(env)
+    if folder is None:
+        _run_plainly(argv)
+    where = os.path.join(folder, key(env, sys.path[1:]) + ".sock")
+    sock = None if os.path.exists(where + ".refused") else _server(where)
+    if sock is None:
+        _run_plainly(argv)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        ignored = [int(sig) for sig in SIGNALS if signal.getsignal(sig) is signal.SIG_IGN]  # nohup, `cmd &`
+        send(sock, {"argv": argv, "cwd": os.getcwd(), "env": env, "path": path, "umask": umask,
+                     "ignored": ignored}, [0, 1, 2])
+        started, _ = recv(sock)
+    except (OSError, EOFError, ValueError):
+        _run_plainly(argv)  # the server went away before it forked: nothing of the stage has run
+    pid = started["pid"]
+    for sig in set(SIGNALS) - set(ignored):  # Ctrl-C, DVC stopping, a scheduler: the stage gets what we get
+        signal.signal(sig, lambda signum, frame: forward(pid, signum))
+    try:
+        status, _ = recv(sock)
+    except (OSError, EOFError, ValueError):
+        status = {"lost": True}
+    _exit_as(status, pid)
+
+
+def forward(pid: int, signum: int) -> None:
+    """Send ``signum`` to the stage, if it still runs."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _exit_as(status: dict, pid: int) -> None:
+    """Exit the way the stage did: its exit code, or killed by the same signal."""
+    if status.get("lost"):  # the server died; its parent-death signal stopped the stage
+        while os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.1)
+        print("ampbench: the preload server exited while the stage ran (its log is in "
+              f"{runtime_dir(dict(os.environ))}); run the stage again", file=sys.stderr)
+        sys.exit(1)
+    if "signal" in status:
+        sys.stdout.flush()
+        if status["signal"] not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(status["signal"], signal.SIG_DFL)
+        os.kill(os.getpid(), status["signal"])
+        time.sleep(1)  # a signal that does not terminate (SIGCHLD…) falls through to the code below
+        sys.exit(128 + status["signal"])
+    sys.exit(status["exit"])
+
+
+if __name__ == "__main__":
+    client(sys.argv[1:])

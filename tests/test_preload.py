@@ -1,0 +1,199 @@
+"""The preload server (src/ampbench/runtime/preload*.py): a script handed to it behaves as under ``python SCRIPT``.
+
+Each test has its own runtime folder (XDG_RUNTIME_DIR), so its own server, which imports only ``json`` (the
+``AMPBENCH_PRELOAD_MODULES`` knob) unless the test is about the real list; servers idle out within seconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import ROOT, TINY, clean_env
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the preload server is Linux-only")
+
+RUNTIME = ROOT / "src" / "ampbench" / "runtime"
+sys.path.insert(0, str(RUNTIME))
+import preload  # noqa: E402  (a script's module, by path as the server imports it)
+
+sys.path.remove(str(RUNTIME))
+
+
+@pytest.fixture(autouse=True)
+def _short_runtime_dir(tmp_path):
+    """A runtime folder of the test's own (a socket's path must be short: pytest's tmp_path can be too long)."""
+    run = Path(tempfile.mkdtemp(prefix="ab-", dir="/tmp"))
+    (tmp_path / "run").symlink_to(run)
+    yield
+    shutil.rmtree(run, ignore_errors=True)
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    run = (tmp_path / "run").resolve()
+    return clean_env(XDG_RUNTIME_DIR=str(run), AMPBENCH_PRELOAD_MODULES="json", AMPBENCH_PRELOAD_IDLE="20", **extra)
+
+
+def _client(script: Path, *args: str, env: dict, cwd: Path, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(RUNTIME / "preload.py"), str(script), *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _logs(tmp_path: Path) -> str:
+    return "".join(p.read_text() for p in (tmp_path / "run" / "ampbench").glob("*.log"))
+
+
+PROBE = """import os, sys
+print(__name__, __file__, sys.argv, os.getcwd(), sys.path[0], os.environ.get("PROBE"), sys.stdin.read().strip())
+print(os.environ.get("AMPBENCH_LAUNCHER_PID"), os.getpid(), os.getppid(), file=sys.stderr)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_a_script_runs_as_under_python_and_the_second_is_served(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    env = _env(tmp_path, PROBE="from the caller")
+    plain = subprocess.run([sys.executable, str(script), "3", "x"], cwd=tmp_path, env=env, input="stdin text",
+                           capture_output=True, text=True)
+    for _ in range(2):
+        proc = _client(script, "3", "x", env=env, cwd=tmp_path, stdin=subprocess.PIPE)
+        out, err = proc.communicate("stdin text", timeout=60)
+        assert (proc.returncode, out) == (3, plain.stdout), err
+        launcher, pid, parent = err.split()
+        assert launcher == str(proc.pid) and pid != str(proc.pid)  # forked by the server, for this client
+    assert _logs(tmp_path).count(" for client ") == 2
+
+
+def test_signals_reach_the_stage_and_a_killed_client_stops_it(tmp_path):
+    script = tmp_path / "waits.py"
+    script.write_text("import os, signal, sys, time\n"
+                      "def bye(signum, frame):\n"
+                      f"    open({str(tmp_path / 'got')!r} + sys.argv[1], 'w').write(str(signum)); sys.exit(7)\n"
+                      "signal.signal(signal.SIGTERM, bye)\n"
+                      "print('ready', flush=True)\n"
+                      "time.sleep(60)\n")
+    env = _env(tmp_path)
+    proc = _client(script, "1", env=env, cwd=tmp_path)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 7 and (tmp_path / "got1").read_text() == str(int(signal.SIGTERM))
+
+    proc = _client(script, "2", env=env, cwd=tmp_path)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.kill()  # SIGKILL: the client cannot pass anything on; the server sees its end close
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "got2").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (tmp_path / "got2").read_text() == str(int(signal.SIGTERM))
+
+    killed = tmp_path / "killed.py"
+    killed.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    assert _client(killed, env=env, cwd=tmp_path).wait(timeout=30) == -signal.SIGKILL
+
+
+def test_the_end_of_a_script_is_the_interpreters(tmp_path):
+    """Non-daemon threads joined, files left open (in a reference cycle) flushed, atexit run, exceptions printed
+    from the script's frame: without the teardown the server's modules would cost."""
+    script = tmp_path / "ends.py"
+    out = tmp_path / "open.txt"
+    script.write_text("import atexit, threading, time\n"
+                      f"f = open({str(out)!r}, 'w'); f.write('kept')\n"
+                      "def later(): time.sleep(0.3); print('thread done', flush=True)\n"
+                      "threading.Thread(target=later).start()\n"
+                      "atexit.register(lambda: print('atexit ran'))\n")
+    env = _env(tmp_path)
+    proc = _client(script, env=env, cwd=tmp_path)
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and stdout.split("\n")[:2] == ["thread done", "atexit ran"]
+    assert out.read_text() == "kept"
+
+    raises = tmp_path / "raises.py"
+    raises.write_text("def f():\n    raise ValueError('boom')\nf()\n")
+    plain = subprocess.run([sys.executable, str(raises)], env=env, capture_output=True, text=True)
+    proc = _client(raises, env=env, cwd=tmp_path)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (1, plain.stderr)
+
+
+def test_a_server_whose_imports_start_a_thread_is_not_used(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "spins.py").write_text("import threading, time\n"
+                                               "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    env = {**_env(tmp_path), "AMPBENCH_PRELOAD_MODULES": "spins", "PYTHONPATH": str(tmp_path / "lib")}
+    for _ in range(2):
+        proc = _client(script, "0", env=env, cwd=tmp_path, stdin=subprocess.DEVNULL)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and err.split()[:2] == ["None", str(proc.pid)]  # the client became the script
+    assert "refusing to serve: importing spins started 1 thread(s)" in _logs(tmp_path)
+    assert _logs(tmp_path).count("starting:") == 1  # remembered: the second run did not try again
+
+
+def test_what_selects_a_server():
+    env = {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    path = sys.path[1:]
+    same = preload.key(env, path)
+    assert preload.key({**env, "MLFLOW_TRACKING_URI": "sqlite:///x", "DVC_STAGE": "train"}, path) == same
+    for changed in ({"OMP_NUM_THREADS": "2"}, {"CUDA_VISIBLE_DEVICES": "1"}, {"AMPBENCH_PRELOAD_MODULES": "json"}):
+        assert preload.key({**env, **changed}, path) != same
+    assert not preload.enabled({"AMPBENCH_PRELOAD": "0"}) and preload.enabled({}) == sys.platform.startswith("linux")
+
+
+def test_an_idle_server_exits(tmp_path):
+    script = tmp_path / "quick.py"
+    script.write_text("print('hi')\n")
+    env = {**_env(tmp_path), "AMPBENCH_PRELOAD_IDLE": "1"}
+    assert _client(script, env=env, cwd=tmp_path).wait(timeout=60) == 0
+    deadline = time.monotonic() + 30
+    while list((tmp_path / "run" / "ampbench").glob("*.sock")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not list((tmp_path / "run" / "ampbench").glob("*.sock")) and "idle: exiting" in _logs(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_train_stage_through_the_server_trains_what_a_plain_one_does(tmp_path):
+    """The real module list (torch, MLflow…) and the train stage, as pipeline/python runs it: the same weights,
+    optimizer state and metrics, bit for bit, as a plain process's."""
+    params = yaml.safe_load(yaml.safe_dump(TINY))
+    params["train"]["precisions"] = ["fp32"]
+    params["mlflow"]["log_model"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {**_env(tmp_path), "DVC_ROOT": str(tmp_path), "AMPBENCH_PYTHON": sys.executable}
+    env.pop("AMPBENCH_PRELOAD_MODULES")
+    stage = ["sh", str(ROOT / "pipeline" / "python"), str(ROOT / "pipeline" / "prepare.py")]
+    subprocess.run(stage, cwd=tmp_path, env={**env, "AMPBENCH_PRELOAD": "0"}, check=True, capture_output=True)
+    checkpoints = {}
+    for how in ("0", "1"):
+        out = tmp_path / f"models-{how}"
+        cmd = ["sh", str(ROOT / "pipeline" / "python"), str(ROOT / "pipeline" / "train.py"), "--precision", "fp32",
+               "--out", str(out), "--resume-dir", str(tmp_path / f"resume-{how}")]
+        proc = subprocess.run(cmd, cwd=tmp_path, env={**env, "AMPBENCH_PRELOAD": how}, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        checkpoints[how] = torch.load(out / "seed0.pt", weights_only=False)
+    assert _logs(tmp_path).count(" for client ") == 1  # the second run was the server's
+    plain, served = checkpoints["0"], checkpoints["1"]
+    assert _same(plain["model"], served["model"]) and _same(plain["optimizer"], served["optimizer"])
+    assert plain["step"] == served["step"] > 0
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, tensors bit for bit (nested dicts and lists of a state dict)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
