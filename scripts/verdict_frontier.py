@@ -20,7 +20,20 @@ seeds agree with example sampling, a wider one when they do not), each made vali
 most power at this margin, and the one that gains most over the hull at its worst of several margins — what a
 reasonable rule could add to the hull, and what reaching the target at one margin costs at the others.
 
+``--sequential`` bounds designs that add seeds until the verdict decides (issue 39's goal: at Δ = 0, on average at
+most 60% of the fixed 5 seeds). Whatever the spending and the rule, the runs that have called *not worse* by S seeds
+form a test on S seeds' data whose false *not worse* rate on the margin is at most the procedure's 5%; so that share
+is at most p*(S), the most power at r = 0 of any valid test on S seeds (a linear program over every decision region
+in the estimate and F, randomised ones too; and over thresholds, est ≥ −margin + h(F), the monotone rules). A design
+whose first look is at S0 seeds trains on average at least S0 + Σ (1 − p*(S)) over its looks S0 … max − 1 (a run
+stopped by a *worse* verdict at Δ = 0 is a false one, 0.0% in every design simulated). The bound takes each look's
+best test on its own; no design reaches all at once. So it also builds the best design this family allows with a
+first look at 2 seeds: the linear program's most powerful rule at that look, the hull at one nominal level at the
+later looks, that level set by simulation so that the false *not worse* rate on the margin stays ≤ 5% at each seed
+effect of a grid, and reports its mean seeds and power at Δ = 0.
+
     .venv/bin/python scripts/verdict_frontier.py [--seeds 3] [--margin-se 3.87]
+    .venv/bin/python scripts/verdict_frontier.py --sequential    # about 3 minutes
 """
 
 from __future__ import annotations
@@ -39,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3, help="seeds S (the seeds' information: S − 1 df)")
     ap.add_argument("--margin-se", type=float, default=3.87, help="the margin in example-level standard errors")
+    ap.add_argument("--sequential", action="store_true",
+                    help="bound the mean seeds of any valid seeds-until-decided design instead (the margin per "
+                         "seed: --margin-se / √--seeds)")
     args = ap.parse_args(argv)
+    if args.sequential:
+        return sequential_report(args.margin_se / np.sqrt(args.seeds))
     k, m = args.seeds - 1, args.margin_se
     e = st.chi2.ppf((np.arange(3000) + 0.5) / 3000, k) / k  # quantiles of χ²(k)/k
     z, t = st.norm.ppf(0.95), st.t.ppf(0.95, k)
@@ -136,6 +154,83 @@ def equivalence_test_bound(k: int, m: float) -> float:
                 lambda r: st.norm.cdf((gs - m) / np.sqrt(1 + r)) - st.norm.cdf((-gs - m) / np.sqrt(1 + r)),
                 1.0, 0.05)
     return -res.fun
+
+
+def not_worse_bound(seeds: int, m: float, alpha: float = 0.05, *, monotone: bool = False,
+                    step: float = 0.05) -> tuple[float, np.ndarray]:
+    """(the most power at Δ = 0, r = 0 of a *not worse* test on ``seeds`` seeds whose false *not worse* rate at a
+    true difference on the margin ``m`` (in the S-seed design's SE) is ≤ ``alpha`` at every r, the per-bin mixture
+    that reaches it). ``monotone``: thresholds est ≥ −m + h(F); otherwise any region of (est, F), in est bins of
+    ``step`` SE over ±6 (outside, a decision costs false ones and gains nothing at Δ = 0)."""
+    k = seeds - 1
+    if monotone:
+        cells = np.concatenate([np.linspace(-3, 8, 221), np.logspace(np.log10(8.2), np.log10(3000), 120)])
+        gain, null = st.norm.cdf(m - cells), (lambda r: st.norm.sf(cells / np.sqrt(1 + r)))
+    else:
+        xe = np.arange(-6, 6 + step / 2, step)
+        gain, null = np.diff(st.norm.cdf(xe)), (lambda r: np.diff(st.norm.cdf((xe + m) / np.sqrt(1 + r))))
+    fbins = (lambda r: np.ones(1)) if k == 0 else (lambda r: _bins(k, r))  # one seed: nothing measures r
+    nb = len(fbins(0.0))
+    a = np.array([(fbins(r)[:, None] * null(r)[None, :]).ravel() for r in RS])
+    eq = dict(A_eq=sparse.kron(sparse.eye(nb), np.ones((1, len(gain)))), b_eq=np.ones(nb)) if monotone else {}
+    res = optimize.linprog(-(fbins(0.0)[:, None] * gain[None, :]).ravel(), A_ub=a, b_ub=np.full(len(RS), alpha),
+                           bounds=(0, 1), method="highs", **eq)
+    if res.status != 0:
+        raise RuntimeError(f"linear program: {res.message}")
+    return -res.fun, np.clip(res.x.reshape(nb, len(gain)), 0, None)
+
+
+def gated_design(m1: float, first_level: float, delta: float, r: float, later_level: float, rule: np.ndarray,
+                 looks: tuple[int, ...] = (2, 3, 4, 5, 6), reps: int = 100_000, seed: int = 3) -> tuple[float, float]:
+    """(mean seeds, share called *not worse*) of a design whose first look uses ``rule`` (a monotone
+    ``not_worse_bound`` mixture for that look's seeds at ``first_level``) and whose later looks use the hull at
+    ``later_level``, in the normal model: per-seed differences N(Δ, 1 + r) in one seed's example SE, margin ``m1``."""
+    rng = np.random.default_rng(seed)
+    hs = np.concatenate([np.linspace(-3, 8, 221), np.logspace(np.log10(8.2), np.log10(3000), 120)])
+    d = delta + rng.standard_normal((reps, max(looks))) * np.sqrt(1 + r)
+    n, called, done = np.full(reps, max(looks)), np.zeros(reps, bool), np.zeros(reps, bool)
+    cum = rule.cumsum(axis=1) / rule.sum(axis=1, keepdims=True)
+    for s in looks:
+        x = d[:, :s]
+        est, f, m = x.mean(axis=1) * np.sqrt(s), x.var(axis=1, ddof=1), m1 * np.sqrt(s)
+        if s == looks[0]:  # the randomised rule: a threshold drawn from the bin's mixture
+            u = rng.random(reps)[:, None]
+            h = hs[np.minimum((cum[np.searchsorted(EDGES, f) - 1] < u).sum(axis=1), len(hs) - 1)]
+        else:
+            h = np.maximum(st.norm.isf(later_level), st.t.isf(later_level, s - 1) * np.sqrt(f))
+        new = ~done & ((est + m >= h) | (est + m <= -h))
+        n[new], called, done = s, called | (new & (est + m >= h)), done | new
+    return float(n.mean()), float(called.mean())
+
+
+def sequential_report(m1: float, max_seeds: int = 10, fixed: int = 5) -> int:
+    """Print p*(S) for 1 … max_seeds seeds, the floor on mean seeds per first look, and the gated 2-seed designs."""
+    print(f"Margin {m1:.3f} SE of one seed's examples. The most power at Δ = 0 of any valid *not worse* test "
+          "(false *not worse* on the margin ≤ 5% at every seed effect r), any region / thresholds:")
+    best = {}
+    for s in range(1, max_seeds + 1):
+        best[s], _ = not_worse_bound(s, m1 * np.sqrt(s))
+        mono, _ = not_worse_bound(s, m1 * np.sqrt(s), monotone=True)
+        print(f"  {s:2d} seeds: {100 * best[s]:5.1f}% / {100 * mono:5.1f}%")
+    print(f"The least mean seeds of any valid design looking after every seed up to {max_seeds} "
+          f"(against the fixed {fixed}):")
+    for first in (1, 2, 3):
+        floor = first + sum(1 - best[s] for s in range(first, max_seeds))
+        print(f"  first look at {first}: {floor:.2f} seeds ({100 * floor / fixed:.0f}%)")
+    print("Designs 2–6: the best rule at 2 seeds, then the hull at the level that keeps false *not worse* ≤ 5% "
+          "at r in 0, 0.3, 1, 3, 10, 100 (60,000 replicates each); at Δ = 0, r = 0 (200,000):")
+    for first_level in (0.015, 0.025, 0.035):
+        p, rule = not_worse_bound(2, m1 * np.sqrt(2), first_level, monotone=True)
+        lo, hi = 1e-4, 0.05
+        for _ in range(12):  # bisection on a log scale: the largest later level that stays valid on the grid
+            mid = float(np.sqrt(lo * hi))
+            worst = max(gated_design(m1, first_level, -m1, r, mid, rule, reps=60_000)[1]
+                        for r in (0, 0.3, 1, 3, 10, 100))
+            lo, hi = (mid, hi) if worst <= 0.05 else (lo, mid)
+        mean, called = gated_design(m1, first_level, 0.0, 0.0, lo, rule, reps=200_000)
+        print(f"  first look at {100 * first_level:.1f}% (decides {100 * p:.1f}%), later looks at {100 * lo:.2f}%: "
+              f"{mean:.2f} seeds ({100 * mean / fixed:.0f}%), *not worse* {100 * called:.1f}%")
+    return 0
 
 
 if __name__ == "__main__":
