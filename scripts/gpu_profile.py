@@ -24,6 +24,8 @@ SKIP_AT_ROOT = {"models", "mlflow.db", "mlflow.db.lock", ".gl"}
 SKIP_NESTED = {("data", "prepared"), (".dvc", "cache"), (".dvc", "tmp"), ("reports", "figures")}
 
 ARMS = ["fp32", "tf32", "fp16", "bf16"]
+# A dry run's speed stage: a few timed steps, not the default's 10 s per arm (timings mean nothing on a CPU here).
+DRY_SPEED = {"rounds": 2, "steps": 6, "window": 3, "warmup_steps": 2, "seconds_per_arm": 2.0}
 PROFILES = {
     ("resnet18", "cuda"): {
         "prepare": {"dataset": "synthetic", "synthetic": {"image_size": 32, "channels": 3, "classes": 10,
@@ -37,6 +39,7 @@ PROFILES = {
                                                           "count": 192, "noise": 1.0}},
         "train": {"precisions": ARMS, "seeds": [0, 1], "device": "cpu", "model": "resnet18", "width": 4,
                   "epochs": 1, "batch_size": 32, "channels_last": True},
+        "speed": DRY_SPEED,
         "mlflow": {"log_model": False},
     },
     ("digits", "cuda"): {"train": {"device": "cuda"}},
@@ -44,6 +47,7 @@ PROFILES = {
         "prepare": {"max_train": 160, "max_test": 96},
         "train": {"precisions": ["fp32", "bf16"], "seeds": [0, 1], "device": "cpu", "epochs": 1,
                   "width": 4},
+        "speed": DRY_SPEED,
     },
 }
 

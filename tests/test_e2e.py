@@ -362,8 +362,9 @@ FASHION = Path("/usr/share/datasets/fashion-mnist")
 @pytest.mark.skipif(not FASHION.is_dir() and not os.environ.get("AMPBENCH_REQUIRE_FASHION_MNIST"),
                     reason="Debian's dataset-fashion-mnist is not installed (CI installs it)")
 def test_real_fashion_mnist_from_debians_files(tmp_path, tiny_params, write_params, mlflow_store):
-    """prepare → train (fp32, fp16, bf16; one seed, one short epoch, streamed) → evaluate on real Fashion-MNIST,
-    read straight from the package's .gz files."""
+    """prepare → train (fp32, bf16; one seed, one short epoch, streamed) → evaluate on real Fashion-MNIST, read
+    straight from the package's .gz files. Not fp16: its CPU autocast runs 0.01–0.2× fp32 (about 4 s a step of 100
+    28×28 images on a 2-core Xeon, 80 s of this test); fp16 through the same stages is tested on digits."""
     from click.testing import CliRunner
 
     from ampbench.data.prepare import load_prepared
@@ -373,7 +374,7 @@ def test_real_fashion_mnist_from_debians_files(tmp_path, tiny_params, write_para
     # Capped for CI's time: 2,000 training images, 1,200 for validation, 2,000 for the test (fp16 on a CPU is slow).
     params["prepare"] = {"dataset": "fashion_mnist", "raw_dir": str(FASHION), "max_train": 2000, "max_test": 2000,
                          "val_fraction": 0.02}
-    params["train"].update({"precisions": ["fp32", "fp16", "bf16"], "seeds": [0], "epochs": 1, "batch_size": 100,
+    params["train"].update({"precisions": ["fp32", "bf16"], "seeds": [0], "epochs": 1, "batch_size": 100,
                             "lr": 0.01, "data_on_device": False, "loader_workers": 2})
     params["mlflow"]["log_model"] = False
     path = str(write_params(params))
@@ -393,6 +394,5 @@ def test_real_fashion_mnist_from_debians_files(tmp_path, tiny_params, write_para
     assert r.exit_code == 0, r.output + str(r.exception)
     comparison = json.loads((reports / "details.json").read_text())  # every number (comparison.json: a few)
     assert comparison["fp32"]["test_accuracy"] > 0.4  # 20 steps on 2,000 images: 4× chance (0.1); 0.54 seen
-    for arm in ("fp16", "bf16"):
-        assert comparison[arm]["paired_examples"] == 2000 and comparison[arm]["verdict"] != "invalid"
+    assert comparison["bf16"]["paired_examples"] == 2000 and comparison["bf16"]["verdict"] != "invalid"
     assert "waiting for batches" in (reports / "report.md").read_text()
