@@ -145,8 +145,10 @@ def test_what_selects_a_server():
     env = {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
     path = sys.path[1:]
     same = preload.key(env, path)
-    assert preload.key({**env, "MLFLOW_TRACKING_URI": "sqlite:///x", "DVC_STAGE": "train"}, path) == same
-    for changed in ({"OMP_NUM_THREADS": "2"}, {"CUDA_VISIBLE_DEVICES": "1"}, {"AMPBENCH_PRELOAD_MODULES": "json"}):
+    assert preload.key({**env, "MLFLOW_TRACKING_URI": "sqlite:///x", "DVC_STAGE": "train",
+                        "PYTHONBREAKPOINT": "ray.util.rpdb.set_trace"}, path) == same  # read when called
+    for changed in ({"OMP_NUM_THREADS": "2"}, {"CUDA_VISIBLE_DEVICES": "1"}, {"AMPBENCH_PRELOAD_MODULES": "json"},
+                    {"PYTHONHASHSEED": "0"}):
         assert preload.key({**env, **changed}, path) != same
     assert not preload.enabled({"AMPBENCH_PRELOAD": "0"}) and preload.enabled({}) == sys.platform.startswith("linux")
 

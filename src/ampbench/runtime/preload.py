@@ -57,6 +57,9 @@ PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.export", "torchvision", "ml
 # Environment variables read when a module is imported (or by the interpreter at start): part of the server's key.
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "GOTO", "TORCH", "PYTORCH_", "CUDA_",
                    "NVIDIA_", "ROCM", "HIP_", "LD_", "LC_", "LANG", "TZ", "AMPBENCH_PRELOAD_MODULES")
+# ...except these, read when used (the child has the command's environment): Ray sets PYTHONBREAKPOINT differently
+# for its workers and its driver, which would start a second server for the same interpreter.
+RUNTIME_ENV = ("PYTHONBREAKPOINT",)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 START_TIMEOUT = 120.0  # the server's imports on a loaded machine; past it the client runs the stage itself
 LAUNCHER_ENV = "AMPBENCH_LAUNCHER_PID"
@@ -99,7 +102,8 @@ def key_material(env: dict[str, str], path: list[str]) -> dict:
         with open(os.path.join(HERE, name), "rb") as f:
             own.update(f.read())
     return {"python": os.path.realpath(sys.executable), "version": sys.version, "prefix": sys.prefix, "path": stamp,
-            "env": sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)),
+            "env": sorted((k, v) for k, v in env.items()
+                          if k.startswith(IMPORT_TIME_ENV) and k not in RUNTIME_ENV),
             "server": own.hexdigest(), "preload": modules(env)}
 
 
