@@ -216,9 +216,10 @@ def _walk(first: int, max_seeds: int, step: float, nodes: int, reach: float = 3.
 
 
 def _lagrangian(walk: dict, m1: float, rs: np.ndarray, lam: np.ndarray, mu: float, power: float,
-                alpha: float) -> tuple[float, np.ndarray, np.ndarray]:
+                alpha: float) -> tuple[float, np.ndarray, np.ndarray, dict]:
     """(the least Lagrangian E0[seeds] + Σ λ_r (P_r(not worse) − α) + μ (power − P0(not worse)) over every stopping
-    rule, its gradient in (λ, μ), and the best rule's [P_r(not worse) for r in rs, P0(not worse), E0[seeds]]).
+    rule, its gradient in (λ, μ), the best rule's [P_r(not worse) for r in rs, P0(not worse), E0[seeds]], and that
+    rule: per look, per grid state, 0 call *not worse*, 1 stop without it, 2 add a seed).
 
     By backward induction: at each look a run may call *not worse* (cost Σ λ_r LR_r − μ, LR_r the likelihood
     ratio of the margin at seed effect r against Δ = 0, r = 0), stop with anything else (0) or add a seed (1 + the
@@ -227,7 +228,7 @@ def _lagrangian(walk: dict, m1: float, rs: np.ndarray, lam: np.ndarray, mu: floa
     mean, ss, first, last = walk["mean"], walk["ss"], walk["first"], walk["max"]
     with np.errstate(divide="ignore"):
         log_lam = np.log(lam)
-    rule = {}  # per look: 0 call *not worse*, 1 stop without it, 2 add a seed
+    rule = {}
     cost = track = None  # track: per state, E0[LR_r · 1(not worse later)] for each r, P0(not worse later), E0[seeds]
     for k in range(last, 0, -1):
         onward = None if k == last else walk["carry"][k]
@@ -237,21 +238,21 @@ def _lagrangian(walk: dict, m1: float, rs: np.ndarray, lam: np.ndarray, mu: floa
         log_lr = np.array([-k / 2 * np.log1p(r) - (k * (mean + m1) ** 2 + ss) / (2 * (1 + r))
                            + (k * mean ** 2 + ss) / 2 for r in rs])
         call = np.exp(np.minimum(np.logaddexp.reduce(log_lam[:, None] + log_lr, axis=0), 700)) - mu
-        if onward is None:
-            go_on, go_track = np.full_like(mean, np.inf), None
-        else:
-            go_on, go_track = 1 + onward @ cost, (onward @ track.T).T
         called = np.vstack([np.exp(np.minimum(log_lr, 700)), np.ones_like(mean), np.full_like(mean, k)])
         quit_ = np.vstack([np.zeros((len(rs) + 1, mean.size)), np.full_like(mean, k)])
+        if onward is None:  # the last look: adding a seed is no choice
+            go_on, go_track = np.full_like(mean, np.inf), quit_
+        else:
+            go_on, go_track = 1 + onward @ cost, (onward @ track.T).T
         best = np.argmin(np.vstack([call, np.zeros_like(mean), go_on]), axis=0)
         cost, rule[k] = np.choose(best, [call, np.zeros_like(mean), go_on]), best
-        track = np.where(best == 0, called, np.where(best == 1, quit_, go_track if go_track is not None else quit_))
+        track = np.where(best == 0, called, np.where(best == 1, quit_, go_track))
     seen = track @ walk["start"]
     value = walk["start"] @ cost + first - float(lam.sum()) * alpha + mu * power
     return value, np.concatenate([seen[:-2] - alpha, [power - seen[-2]]]), seen, rule
 
 
-def least_mean_seeds(m1: float, first: int, max_seeds: int = 10, power: float = 0.991, alpha: float = 0.05,
+def least_mean_seeds(m1: float, first: int, max_seeds: int = 10, power: float = FIXED_POWER, alpha: float = 0.05,
                      rs: np.ndarray = RS, step: float = 0.05,
                      nodes: int = 40) -> tuple[float, np.ndarray, dict]:
     """(a lower bound on the mean seeds at Δ = 0, r = 0 of every design that looks after each seed from ``first``
