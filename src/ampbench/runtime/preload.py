@@ -18,13 +18,22 @@ What makes a forked child the same as a new process here, and what does not carr
   another server. CUDA is never initialised in the server (a forked CUDA context is unusable).
 - The server refuses to serve (the stage runs as a plain process) if preloading started a second thread: a fork
   copies only the forking thread, and a lock held by another would stay held in the child.
+- The stage ends as python ends a script (threads joined, every exit function run, the preloaded libraries' too),
+  except for the teardown of the modules, which ``preload_child.finish`` replaces by what of it can be seen from
+  outside: the script's objects collected, every open file and libc's buffers flushed, the script's status.
 - The child sets a parent-death signal (SIGTERM) so a killed server cannot leave it running; a client that
   vanishes (killed with SIGKILL) gets its stage sent SIGTERM, which the stages turn into their KILLED bookkeeping;
-  ``AMPBENCH_LAUNCHER_PID`` tells the stage which process stands where its parent would (the dvc watch).
+  a client whose own parent is gone (``dvc`` killed) sends its stage SIGTERM; ``AMPBENCH_LAUNCHER_PID`` tells the
+  stage which process stands where its parent would (the dvc watch).
+- Signals the client gets before the stage exists are kept and passed on once it does (or, if it never will, the
+  client says so in one line and exits 130).
 - numpy's global generator is reseeded in the child (a fresh process draws its own seed; children of one server
   would otherwise share one). torch's default generator starts from the same constant in any process.
+- CPU peak RSS counts only the pages the child touched; CPU affinity, resource limits and cgroup are the server's
+  (docs/operations.md).
 
-``AMPBENCH_PRELOAD=0`` runs every stage as a plain process. Linux only (elsewhere: a plain process). The server's
+``AMPBENCH_PRELOAD=0`` runs every stage as a plain process: a fresh interpreter running the same script through
+the same ending (``python preload_child.py SCRIPT``). Linux only (elsewhere: a plain process). The server's
 log is beside its socket, in ``$XDG_RUNTIME_DIR/ampbench`` or ``/tmp/ampbench-<uid>``.
 
 Three files, run as scripts and using the standard library only, so that no side imports ampbench: this one (the
@@ -157,10 +166,20 @@ def recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict, list[int]]:
 
 # --- the client: pipeline/python runs it in place of the stage -------------------------------------------------
 
-def _run_plainly(argv: list[str]) -> None:
-    """The stage as a process of its own (no server): what ``python SCRIPT ARGS`` does."""
+def _run_plainly(argv: list[str], caught: list[int] | None = None) -> None:
+    """The stage as a process of its own (no server): ``python preload_child.py SCRIPT ARGS``, the same script and
+    the same ending as a served stage, in a fresh interpreter (interpreter options such as ``-m``: python itself).
+    A signal the client caught before this point stops here, with its line: nothing of the stage has run."""
+    if caught:
+        _stopped_before_start(caught[0])
     sys.stdout.flush()
-    os.execv(sys.executable, [sys.executable, *argv])
+    runner = [] if not argv or argv[0].startswith("-") else [os.path.join(HERE, "preload_child.py")]
+    os.execv(sys.executable, [sys.executable, *runner, *argv])
+
+
+def _stopped_before_start(signum: int) -> None:
+    print(f"ampbench: {signal.Signals(signum).name} before the stage started; nothing of it ran", file=sys.stderr)
+    sys.exit(130)
 
 
 def connect(path: str) -> socket.socket | None:
@@ -182,14 +201,15 @@ def _start_server(path: str) -> subprocess.Popen:
                                 close_fds=True)
 
 
-def _server(path: str) -> socket.socket | None:
-    """A connection to the server for this key, starting one if none answers; None if none could be had."""
+def _server(path: str, caught: list[int]) -> socket.socket | None:
+    """A connection to the server for this key, starting one if none answers; None if none could be had (or a
+    signal came while the server started: the stage is not to run)."""
     sock = connect(path)
     if sock is not None:
         return sock
     proc = _start_server(path)
     deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not caught:
         sock = connect(path)
         if sock is not None:
             return sock
@@ -210,27 +230,50 @@ def client(argv: list[str]) -> None:
     folder = runtime_dir(env)
     if folder is None:
         _run_plainly(argv)
+    # From here on every signal we get is the stage's: kept until it exists, then passed on (Ctrl-C, DVC or a
+    # scheduler stopping it), so that none is lost or kills this process while the server starts or forks.
+    ignored = [int(sig) for sig in SIGNALS if signal.getsignal(sig) is signal.SIG_IGN]  # nohup, `cmd &`
+    caught: list[int] = []
+    stage: list[int] = []
+    for sig in set(SIGNALS) - set(ignored):
+        signal.signal(sig, lambda signum, frame: forward(stage[0], signum) if stage else caught.append(signum))
     where = os.path.join(folder, key(env, sys.path[1:]) + ".sock")
-    sock = None if os.path.exists(where + ".refused") else _server(where)
+    sock = None if os.path.exists(where + ".refused") else _server(where, caught)
     if sock is None:
-        _run_plainly(argv)
+        _run_plainly(argv, caught)
     umask = os.umask(0)
     os.umask(umask)
     try:
-        ignored = [int(sig) for sig in SIGNALS if signal.getsignal(sig) is signal.SIG_IGN]  # nohup, `cmd &`
         send(sock, {"argv": argv, "cwd": os.getcwd(), "env": env, "path": path, "umask": umask,
-                     "ignored": ignored}, [0, 1, 2])
+                    "ignored": ignored}, [0, 1, 2])
         started, _ = recv(sock)
     except (OSError, EOFError, ValueError):
-        _run_plainly(argv)  # the server went away before it forked: nothing of the stage has run
-    pid = started["pid"]
-    for sig in set(SIGNALS) - set(ignored):  # Ctrl-C, DVC stopping, a scheduler: the stage gets what we get
-        signal.signal(sig, lambda signum, frame: forward(pid, signum))
-    try:
-        status, _ = recv(sock)
-    except (OSError, EOFError, ValueError):
-        status = {"lost": True}
-    _exit_as(status, pid)
+        _run_plainly(argv, caught)  # the server went away before it forked: nothing of the stage has run
+    stage.append(started["pid"])
+    for signum in caught:  # what came before the fork: the stage is stopped as early as it can be
+        forward(stage[0], signum)
+    _exit_as(_wait(sock, stage[0]), stage[0])
+
+
+def _wait(sock: socket.socket, pid: int) -> dict:
+    """The stage's status from the server. Meanwhile, if whoever started us is gone (``dvc`` killed: we are
+    re-parented), the stage is sent SIGTERM, as DVC's own end would send it: no stage outlives its pipeline."""
+    import select
+
+    parent = os.getppid()
+    warned = False
+    while True:
+        try:
+            readable, _, _ = select.select([sock], [], [], 0.5)
+            if readable:
+                return recv(sock)[0]
+        except InterruptedError:
+            continue
+        except (OSError, EOFError, ValueError):
+            return {"lost": True}
+        if not warned and os.getppid() != parent:
+            warned = True
+            forward(pid, signal.SIGTERM)
 
 
 def forward(pid: int, signum: int) -> None:

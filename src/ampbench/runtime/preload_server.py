@@ -8,6 +8,8 @@ becomes the stage there (``preload_child.become``). Its log is ``SOCKET`` with `
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import select
 import signal
@@ -19,6 +21,9 @@ import time
 import preload as wire  # this folder is sys.path[0]
 import preload_child
 
+# First of all exit functions, so the last to run: in a child it ends the stage once every other one (the
+# preloaded libraries' too, registered by the imports below) has run; in the server it does nothing.
+atexit.register(preload_child.finish)
 # The stage's own `import preload` (or a module of that name in a user's project) must not find ours.
 del sys.modules["preload"], sys.modules["preload_child"]
 
@@ -115,6 +120,10 @@ class _Serving:
             conn.close()
             return None
         self.last = time.monotonic()
+        # Everything the server holds moves to the collector's permanent generation: a child's collections (its
+        # last one in preload_child.finish included) never walk the preloaded modules' objects, nor touch their
+        # pages (copy-on-write stays shared). Python's gc docs give this pattern for forking servers.
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             return {**request, "fds": fds, "client": client_pid, "close": [self.listener, self.wake, conn,
