@@ -9,20 +9,28 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 from pathlib import Path
 
-import click
-
 CHECKOUT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(CHECKOUT / "src"), str(CHECKOUT)]
+
+from ampbench.runtime import processes  # noqa: E402  (standard library only: before the imports that take time)
+
+# From here until the stage's body takes over (``stage``), a signal stops the stage with one line.
+for _sig in (signal.SIGINT, signal.SIGTERM):
+    if signal.getsignal(_sig) is not signal.SIG_IGN:  # `nohup`, `cmd &`: the caller asked us to ignore it
+        signal.signal(_sig, processes.stopped_while_starting)
+
+import click  # noqa: E402
 
 from ampbench.cli import one_line  # noqa: E402
 from ampbench.config import layout  # noqa: E402  (needs the path above)
 from ampbench.config.user_code import first_line, user_frame  # noqa: E402
 from ampbench.config.validation import load_params  # noqa: E402
 from ampbench.errors import AmpbenchError  # noqa: E402
-from ampbench.runtime import processes, provenance  # noqa: E402  (needs the path above)
+from ampbench.runtime import provenance  # noqa: E402  (needs the path above)
 from ampbench.tracking.uris import mask  # noqa: E402
 
 
@@ -96,14 +104,18 @@ def stage(fn):
         if owner is not None:
             processes.stop_when_gone(owner, say=lambda msg: click.echo(msg, err=True))
         try:
-            return fn(*args, params=load_params(params_path), **kwargs)
+            result = fn(*args, params=load_params(params_path), **kwargs)
+            processes.settle()  # complete: a signal from here to the exit is said, and changes nothing
+            return result
         except (AmpbenchError, OSError) as exc:  # OSError: unwritable folder, disk full, …: file and reason
             if debug:
                 raise
             click.echo(one_line(exc) + _restore_hint(), err=True)
             sys.exit(2)
-        except KeyboardInterrupt as exc:
-            click.echo(f"interrupted ({exc or 'SIGINT'}); completed outputs are kept", err=True)
+        except KeyboardInterrupt as exc:  # an Interrupted (errors.py) says what is kept; any other, in general
+            kept = getattr(exc, "kept", None) or "completed outputs are kept"
+            click.echo(f"[{processes.stage_label()}] interrupted ({exc.args[0] if exc.args else 'SIGINT'}): {kept}",
+                       err=True)
             sys.exit(130)
         except Exception as exc:  # noqa: BLE001  (an error in the user's model, data set or task code)
             where = None if debug else user_frame(exc)

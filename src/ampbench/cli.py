@@ -274,8 +274,9 @@ def cluster_repro(address: str, root: Path, cpus: float, gpus: float | None, acc
         gpus = 1.0 if torch.cuda.is_available() else 0.0
     try:
         run_grid(root, Options(address, Placement(cpus, gpus, accelerator_type, resource), retries))
-    except KeyboardInterrupt as exc:  # repro.Interrupted says what was cancelled and what is kept
-        click.echo(f"interrupted ({exc or 'SIGINT'})", err=True)
+    except KeyboardInterrupt as exc:  # an Interrupted says what was cancelled and what is kept
+        kept = getattr(exc, "kept", None)
+        click.echo(f"interrupted ({exc.args[0] if exc.args else 'SIGINT'})" + (f": {kept}" if kept else ""), err=True)
         raise SystemExit(130) from None
 
 

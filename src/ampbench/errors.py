@@ -40,3 +40,13 @@ class Diverged(AmpbenchError):
     def __init__(self, message: str, culprit: dict | None = None, activations: list | None = None):
         super().__init__(message)
         self.culprit, self.activations = culprit, activations or []
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the work (``args[0]``: the signal's name); ``kept`` says, for the user's one
+    line, what was kept and how to go on. A KeyboardInterrupt, so that everything on the way out treats it as one
+    (MLflow runs end KILLED)."""
+
+    def __init__(self, signal_name: str, kept: str):
+        super().__init__(signal_name)
+        self.kept = kept

@@ -19,7 +19,7 @@ from ampbench import tracking
 from ampbench.cluster import grid, ray_backend, workspace
 from ampbench.cluster.grid import Cell, ClusterError, Placement
 from ampbench.config.validation import load_params
-from ampbench.errors import ArmUnavailable
+from ampbench.errors import ArmUnavailable, Interrupted
 from ampbench.precision.policy import resolve_device, resolve_policy
 from ampbench.runtime import processes
 from ampbench.runtime.console import log
@@ -37,10 +37,6 @@ class Options:
     address: str
     placement: Placement
     retries: int = 3  # times Ray runs a cell again after its worker or node was lost
-
-
-class Interrupted(KeyboardInterrupt):
-    """The head was interrupted; the message says what was cancelled and what is kept."""
 
 
 def cluster_repro(root: Path, options: Options) -> None:
@@ -139,7 +135,7 @@ def _train(root: Path, cells: list[Cell], specs: list[dict], options: Options) -
         for cell, result in running.cancel():  # done before the cancel reached them: kept like the others
             workspace.land(root, cell, result.pop("resume_file"))
             done += 1
-        raise Interrupted(f"{exc or 'SIGINT'}: the running and queued cells cancelled (their MLflow runs end "
+        raise Interrupted(str(exc) or "SIGINT", "the running and queued cells cancelled (their MLflow runs end "
                           f"KILLED); {done} finished cells are kept in .resume/ — run the same command again to "
                           "train only the rest") from None
     if failed:

@@ -6,9 +6,11 @@ Linux ``/proc`` is read where it exists; elsewhere identity falls back to the pi
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +32,45 @@ def interrupt_once(signum, frame):
 def handle_signals_once() -> dict[int, object]:
     """Install ``interrupt_once`` for SIGINT and SIGTERM (main thread only); returns the previous handlers."""
     return {sig: signal.signal(sig, interrupt_once) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def stage_label() -> str:
+    """How a stage's lines name it: DVC's stage name (``train@fp32``), else the script's (``train``)."""
+    return os.environ.get("DVC_STAGE") or os.path.splitext(os.path.basename(sys.argv[0] or "ampbench"))[0]
+
+
+def stopped_while_starting(signum, frame):
+    """Signal handler for a stage's start (its imports, before its own handling is in place): one line, exit 130.
+    Nothing of the stage has been written yet, so there is nothing to clean up."""
+    _say(f"[{stage_label()}] interrupted ({signal.Signals(signum).name}) while starting; nothing was written")
+    os._exit(130)
+
+
+def settle() -> None:
+    """The stage's work is complete and recorded: a SIGINT/SIGTERM from here to the exit can change nothing, so it
+    is said in one line and otherwise ignored (the stage exits with the status it has). Without this, a signal in
+    the last moments would fail a stage whose outputs are complete, and DVC would run it again. From the exit
+    functions on the signals are ignored outright: the interpreter resets Python handlers to the default (die of
+    the signal) for its teardown. Only in a stage process (one that installed ``interrupt_once``; after a first
+    signal, which is being handled, nothing changes)."""
+    if signal.getsignal(signal.SIGTERM) is not interrupt_once:
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _after_settled)
+    atexit.register(lambda: [signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)])
+
+
+def _after_settled(signum, frame) -> None:
+    _say(f"[{stage_label()}] {signal.Signals(signum).name} after the stage completed: its outputs are complete "
+         "and kept; it ends as it would have")
+
+
+def _say(line: str) -> None:
+    """A line on stderr from a signal handler: one write, no buffered stream that the interrupted code may hold."""
+    try:
+        os.write(2, (line + "\n").encode(errors="replace"))
+    except OSError:
+        pass
 
 
 @contextmanager
@@ -103,12 +144,15 @@ class Identity:
             return None
 
     def dead(self) -> bool:
-        """True only when it is certain: the process ran on this host and is gone (or its pid was reused)."""
+        """True only when it is certain: the process ran on this host and is gone (or its pid was reused, or it is a
+        zombie: it has exited and only waits for its parent to read its status)."""
         if self.host != socket.gethostname():
             return False  # another machine's process: cannot tell
-        now = start_time(self.pid)
-        if now is not None:
-            return bool(self.started) and now != self.started  # same pid, another process: ours is gone
+        fields = _stat(self.pid)
+        if fields is not None:
+            if fields[0] == "Z":
+                return True
+            return bool(self.started) and fields[19] != self.started  # same pid, another process: ours is gone
         if Path("/proc").is_dir():
             return True
         try:

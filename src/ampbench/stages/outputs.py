@@ -20,7 +20,7 @@ from ampbench.config.params import Params
 from ampbench.data.splits import Prepared
 from ampbench.models.factory import ModelSpec
 from ampbench.precision.policy import PrecisionPolicy, cudnn_legacy_flags_readable, plain_model
-from ampbench.runtime import distributed
+from ampbench.runtime import distributed, processes
 from ampbench.runtime.console import log
 from ampbench.runtime.files import atomic_write_json
 from ampbench.runtime.hardware import fingerprint
@@ -83,6 +83,8 @@ class ArmOutputs:
         # (``tracking.execution_parent``), so a stage that only collects finished seeds makes no empty parent.
         self.parent: str | None = cell.parent_run if cell else None
         self._find_parent = None
+        self.kept: dict[int, str] = {}  # seed → what its resume checkpoint holds, for an interruption's line
+        self.complete = False  # summary.json written: the arm's outputs are all there
 
     def log(self, msg: str) -> None:
         if self.enabled:
@@ -133,11 +135,31 @@ class ArmOutputs:
             evaluations = [{"step": e["step"], "val_loss": e["val_loss"]} for e in record.evaluations]
             tracking.log_epoch(record.row(), record.steps + evaluations)  # step/val_loss: by optimizer step
             resume.save(state, progress, job.resume_path)
+            self.kept[job.seed] = f"after epoch {record.epoch} of {job.params.train.epochs}"
 
     def seed_done(self, job: SeedJob, state: TrainState, progress: resume.SeedProgress) -> None:
         """A seed ended (finished or diverged): keep its outcome in the resume checkpoint until the arm is done."""
         if self.enabled:
             resume.save(state, progress, job.resume_path)
+            self.kept[job.seed] = "finished"
+
+    def reused(self, job: SeedJob) -> None:
+        """A seed found finished in its resume checkpoint (an interrupted run, a cluster cell, a shorter seed list)."""
+        self.kept[job.seed] = "finished"
+        self.log(f"seed {job.seed}: finished earlier (an interrupted run, a cluster cell or a shorter seed list); "
+                 "reusing it")
+
+    def kept_line(self) -> str:
+        """What an interruption leaves for the rerun, in words (the stage's one line)."""
+        where = self.resume_dir
+        if self.complete:
+            return (f"the arm had completed; its {len(self.kept)} seed(s) are kept in {where}, and running the stage "
+                    "again reuses them without training")
+        if not self.kept:
+            return "nothing to keep yet (no epoch had finished); running the stage again starts over"
+        seeds = ", ".join(f"seed {seed} {what}" for seed, what in self.kept.items())
+        return (f"kept in {where}: {seeds}; running the stage again continues from there (finished seeds are "
+                "reused, not trained again)")
 
     def seed_files(self, job: SeedJob, final: dict[str, Any], records: list[EpochRecord],
                    activations: list[dict]) -> list[Path]:
@@ -193,11 +215,17 @@ class ArmOutputs:
 
     def finished(self, summary: dict[str, Any], histories: dict[str, list[dict]], keep: bool = False) -> None:
         """The arm is complete: history.json and summary.json; nothing left to resume (``keep``: the finished
-        seeds stay, for a later run with more seeds)."""
+        seeds stay, for a later run with more seeds).
+
+        The finished seeds are removed from the resume folder last, once a signal can no longer fail the stage
+        (``processes.settle``): until then an interruption exits 130 with the seeds kept, and the rerun (DVC runs a
+        failed stage again) reuses them; never a completed arm trained twice, never two FINISHED runs of a seed."""
         if self.enabled:
             atomic_write_json(self.files.history, {"arm": self.arm, "seeds": histories})  # bound to its arm
             atomic_write_json(self.files.summary, summary)
+            self.complete = True
             if not keep:
+                processes.settle()
                 shutil.rmtree(self.resume_dir, ignore_errors=True)
 
 

@@ -19,7 +19,7 @@ from ampbench.config.layout import ArmFiles
 from ampbench.config.params import Params
 from ampbench.data.loader import batches_per_epoch
 from ampbench.data.prepare import load_prepared
-from ampbench.errors import AmpbenchError, ArmUnavailable, Diverged, StoreError
+from ampbench.errors import AmpbenchError, ArmUnavailable, Diverged, Interrupted, StoreError
 from ampbench.precision.policy import describe_line, resolve_device, resolve_policy
 from ampbench.report.advice import float32_fix
 from ampbench.runtime import distributed
@@ -84,6 +84,8 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         out.finished(summary, {s: [r.row() for r in records] for s, (_, records) in seeds.items()},
                      keep=params.train.keep_finished)
         return summary
+    except KeyboardInterrupt as exc:  # the seed's run ended KILLED on the way here; say what the rerun finds
+        raise Interrupted(str(exc) or "SIGINT", out.kept_line()) from None
     finally:
         distributed.shutdown(world)
 
@@ -146,8 +148,7 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
     prior = resume.load(job.resume_path, job.arm, job.key)  # every rank reads it; only rank 0 writes
     if prior is not None and prior[1].done is not None:
         ck, progress = prior
-        out.log(f"seed {job.seed}: finished earlier (an interrupted run, a cluster cell or a shorter seed list); "
-                "reusing it")
+        out.reused(job)
         if not progress.done["diverged"]:
             out.seed_files(job, ck, progress.records, progress.done["activations"])
         return progress.done, progress.records
