@@ -29,7 +29,7 @@ from ampbench.cli import one_line  # noqa: E402
 from ampbench.config import layout  # noqa: E402  (needs the path above)
 from ampbench.config.user_code import first_line, user_frame  # noqa: E402
 from ampbench.config.validation import load_params  # noqa: E402
-from ampbench.errors import AmpbenchError  # noqa: E402
+from ampbench.errors import AmpbenchError, Interrupted, interrupted_line  # noqa: E402
 from ampbench.runtime import provenance  # noqa: E402  (needs the path above)
 from ampbench.tracking.uris import mask  # noqa: E402
 
@@ -102,7 +102,7 @@ def stage(fn):
         processes.handle_signals_once()
         owner = processes.dvc_ancestor()
         if owner is not None:
-            processes.stop_when_gone(owner, say=lambda msg: click.echo(msg, err=True))
+            processes.stop_when_gone(owner)
         try:
             result = fn(*args, params=load_params(params_path), **kwargs)
             processes.settle()  # complete: a signal from here to the exit is said, and changes nothing
@@ -112,10 +112,10 @@ def stage(fn):
                 raise
             click.echo(one_line(exc) + _restore_hint(), err=True)
             sys.exit(2)
-        except KeyboardInterrupt as exc:  # an Interrupted (errors.py) says what is kept; any other, in general
-            kept = getattr(exc, "kept", None) or "completed outputs are kept"
-            click.echo(f"[{processes.stage_label()}] interrupted ({exc.args[0] if exc.args else 'SIGINT'}): {kept}",
-                       err=True)
+        except KeyboardInterrupt as exc:  # an Interrupted says what is kept; any other, in general
+            if not getattr(exc, "kept", None):
+                exc = Interrupted(exc.args[0] if exc.args else "SIGINT", "completed outputs are kept")
+            click.echo(f"[{processes.stage_label()}] {interrupted_line(exc)}", err=True)
             sys.exit(130)
         except Exception as exc:  # noqa: BLE001  (an error in the user's model, data set or task code)
             where = None if debug else user_frame(exc)

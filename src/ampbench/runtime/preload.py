@@ -23,8 +23,8 @@ What makes a forked child the same as a new process here, and what does not carr
   outside: the script's objects collected, every open file and libc's buffers flushed, the script's status.
 - The child sets a parent-death signal (SIGTERM) so a killed server cannot leave it running; a client that
   vanishes (killed with SIGKILL) gets its stage sent SIGTERM, which the stages turn into their KILLED bookkeeping;
-  a client whose own parent is gone (``dvc`` killed) sends its stage SIGTERM; ``AMPBENCH_LAUNCHER_PID`` tells the
-  stage which process stands where its parent would (the dvc watch).
+  ``AMPBENCH_LAUNCHER_PID`` tells the stage which process stands where its parent would, for its dvc watch
+  (``processes.stop_when_gone``), which stops it when ``dvc`` is killed.
 - Signals the client gets before the stage exists are kept and passed on once it does (or, if it never will, the
   client says so in one line and exits 130).
 - numpy's global generator is reseeded in the child (a fresh process draws its own seed; children of one server
@@ -252,28 +252,11 @@ def client(argv: list[str]) -> None:
     stage.append(started["pid"])
     for signum in caught:  # what came before the fork: the stage is stopped as early as it can be
         forward(stage[0], signum)
-    _exit_as(_wait(sock, stage[0]), stage[0])
-
-
-def _wait(sock: socket.socket, pid: int) -> dict:
-    """The stage's status from the server. Meanwhile, if whoever started us is gone (``dvc`` killed: we are
-    re-parented), the stage is sent SIGTERM, as DVC's own end would send it: no stage outlives its pipeline."""
-    import select
-
-    parent = os.getppid()
-    warned = False
-    while True:
-        try:
-            readable, _, _ = select.select([sock], [], [], 0.5)
-            if readable:
-                return recv(sock)[0]
-        except InterruptedError:
-            continue
-        except (OSError, EOFError, ValueError):
-            return {"lost": True}
-        if not warned and os.getppid() != parent:
-            warned = True
-            forward(pid, signal.SIGTERM)
+    try:
+        status, _ = recv(sock)
+    except (OSError, EOFError, ValueError):
+        status = {"lost": True}
+    _exit_as(status, stage[0])
 
 
 def forward(pid: int, signum: int) -> None:

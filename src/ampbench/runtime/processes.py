@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +20,19 @@ from typing import Iterator
 
 from ampbench.runtime.preload import LAUNCHER_ENV
 
+# Why this process sent itself SIGTERM (the dvc watch), for the interruption's line; None: the signal came from
+# outside (Ctrl-C, DVC, a scheduler).
+_self_stopped: list[str] = []
+
 
 def interrupt_once(signum, frame):
-    """Signal handler: the first SIGINT/SIGTERM raises KeyboardInterrupt(name); every later one is ignored, so that
-    a second Ctrl-C or a scheduler's repeated SIGTERM cannot cut short the cleanup the first one started (closing
-    MLflow runs as KILLED, removing temporary files)."""
+    """Signal handler: the first SIGINT/SIGTERM raises KeyboardInterrupt(name, and why when we sent it ourselves);
+    every later one is ignored, so that a second Ctrl-C or a scheduler's repeated SIGTERM cannot cut short the
+    cleanup the first one started (closing MLflow runs as KILLED, removing temporary files)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    raise KeyboardInterrupt(f"{name}: {_self_stopped[0]}" if _self_stopped and signum == signal.SIGTERM else name)
 
 
 def handle_signals_once() -> dict[int, object]:
@@ -148,6 +154,8 @@ class Identity:
         zombie: it has exited and only waits for its parent to read its status)."""
         if self.host != socket.gethostname():
             return False  # another machine's process: cannot tell
+        if self.pid <= 0:  # dvc_ancestor(): gone before it was looked for
+            return True
         fields = _stat(self.pid)
         if fields is not None:
             if fields[0] == "Z":
@@ -173,16 +181,20 @@ def _is_dvc(argv: list[str]) -> bool:
 
 
 def dvc_ancestor() -> Identity | None:
-    """The ``dvc`` process that runs this stage (an ancestor: dvc → shell → python), or None outside DVC."""
+    """The ``dvc`` process that runs this stage (an ancestor: dvc → shell → python), or None outside DVC. Under DVC
+    whose process has already exited (the chain reaches init, which adopts orphans, before any dvc), an Identity
+    with pid 0, which is ``dead()``: a stage started just before dvc was killed must not run on unwatched."""
     if not os.environ.get("DVC_STAGE"):
         return None
     pid = _parent(os.getpid())
     for _ in range(8):  # dvc, its shell, torchrun…: a short chain
-        if pid is None or pid <= 1:
+        if pid is None:
             return None
         argv = _cmdline(pid)
         if _is_dvc(argv):
             return Identity(socket.gethostname(), pid, start_time(pid) or "")
+        if pid <= 1:  # init (or a container's first process, which was not dvc): dvc is gone
+            return Identity(socket.gethostname(), 0, "")
         if _is_preload_server(argv):  # forked by it (runtime/preload.py): the client stands where our parent would
             pid = int(os.environ.get(LAUNCHER_ENV) or 0)
             continue
@@ -194,19 +206,46 @@ def _is_preload_server(argv: list[str]) -> bool:
     return len(argv) > 1 and os.path.basename(argv[1]) == "preload_server.py"
 
 
-def stop_when_gone(owner: Identity, say, interval: float = 0.5) -> threading.Thread:
+def stop_when_gone(owner: Identity, interval: float = 0.5) -> threading.Thread:
     """Send ourselves SIGTERM once ``owner`` has exited: killed ``dvc repro`` must not leave a stage running that
-    would later overwrite the outputs DVC has already restored. Returns the (daemon) watching thread."""
+    would later overwrite the outputs DVC has already restored. The interruption's one line says why. Returns the
+    (daemon) watching thread. The one place a stage learns that its pipeline is gone, served or not: a preloaded
+    stage's launcher is its client, which waits for it."""
 
     def watch() -> None:
         while not owner.dead():
             threading.Event().wait(interval)
-        try:
-            say(f"dvc (pid {owner.pid}) has exited; stopping this stage")
-        except Exception:  # stderr may be a pipe whose reader died with dvc: stop all the same
-            pass
+        _self_stopped.append(f"dvc (pid {owner.pid}) has exited" if owner.pid else
+                             "the dvc that started this stage had exited")
         os.kill(os.getpid(), signal.SIGTERM)
 
     thread = threading.Thread(target=watch, name="ampbench-dvc-watch", daemon=True)
     thread.start()
     return thread
+
+
+def group_alive(pgid: int) -> bool:
+    """Is any process of the process group ``pgid`` left (zombies too, until reaped)?"""
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def end_group(proc, signals=(signal.SIGTERM, signal.SIGKILL), grace: float = 20.0) -> None:
+    """Wait for the process group led by ``proc`` (a ``subprocess.Popen`` started in a session or group of its
+    own) to empty, sending it each of ``signals`` in turn and waiting up to ``grace`` seconds after each; the leader
+    is reaped on the way. A group, not a process: children outlive a parent that alone is signalled."""
+    for sig in signals:
+        if sig is not None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:  # the whole group is gone
+                return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, so that the group empties
+            if not group_alive(proc.pid):
+                return
+            time.sleep(0.1)
