@@ -96,6 +96,41 @@ def link_venv(checkout: Path, env: dict[str, str]) -> dict[str, str]:
     return {**env, "PATH": os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != venv / "bin")}
 
 
+def pipeline_processes(root: Path) -> list[tuple[int, str]]:
+    """Processes still at work in ``root`` (their directory is in it): dvc, stages, preloaded stages and their
+    clients; not a preload server (the leader of its own session, shared by stages to come; it exits when idle),
+    not a zombie. (pid, command line) each."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = (entry / "cwd").resolve()
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            leader = os.getsid(int(entry.name)) == int(entry.name)
+        except (OSError, ProcessLookupError):
+            continue
+        server = any(a.endswith("preload_server.py") for a in argv) and leader
+        if state != "Z" and not server and (cwd == root.resolve() or root.resolve() in cwd.parents):
+            found.append((int(entry.name), " ".join(argv)))
+    return found
+
+
+def none_left(root: Path, within: float = 5.0) -> list[tuple[int, str]]:
+    """``pipeline_processes(root)`` once none is left or ``within`` seconds have passed (the leftovers, killed)."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + within
+    while (left := pipeline_processes(root)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid, _ in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
 def make_project_repo(repo: Path, params: dict) -> tuple[Path, dict]:
     """A fresh git + DVC repo holding this project's pipeline and ``params``, committed. Returns (repo, env)."""
     import shutil

@@ -4,14 +4,16 @@ report, details.json and MLflow say which look it is and why it stopped; a rerun
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import TINY, make_project_repo, run_ok
+from conftest import TINY, make_project_repo, none_left, run_ok
 
 pytestmark = pytest.mark.slow
 
@@ -103,3 +105,43 @@ def test_a_look_trains_only_its_new_seed_and_the_last_look_stops(decided):
     assert seq["stopped"] is True and seq["seeds"] == 3 and seq["decided_at_seeds"] == {"bf16": None}
     assert seq["reason"] == "look 2 of 2 (3 seeds): the maximum of 3 seeds reached; undecided: bf16"
     assert "undecided" in (repo / "reports" / "report.md").read_text().split("| arm |")[0]
+
+
+@pytest.mark.parametrize("setting, said", [
+    ("train.precisions=[fp32,bogus]", "train.precisions.1: Input should be 'fp32'"),
+    ("train.epoch=2", "-S train.epoch=2: Could not override 'train.epoch' (no such key in params.yaml)"),
+    ("+train.epoch=2", "train.epoch: unknown key (a typo?); did you mean train.epochs?"),
+    ("train.epochs=[[", "-S train.epochs=[[: no viable alternative at input '[['")])
+def test_a_bad_setting_is_refused_before_any_look_and_changes_nothing(decided, tmp_path, setting, said):
+    """Checked as the check stage checks, after DVC's own parser applied it: exit 2 within seconds, one line naming
+    the setting, params.yaml byte for byte as it was (the next decide starts from it, not from this one's)."""
+    repo, env, _ = decided
+    before = (repo / "params.yaml").read_bytes()
+    started = time.monotonic()
+    proc = subprocess.run([*AMPBENCH, "decide", "-S", setting], cwd=repo, env=env, capture_output=True, text=True)
+    took = time.monotonic() - started
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {said}"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and not proc.stdout and took < 30  # (a loaded CI machine: not a timing test)
+    assert (repo / "params.yaml").read_bytes() == before
+
+
+def test_a_signal_to_decide_stops_its_look_and_leaves_params_as_they_were(decided):
+    """SIGTERM to `ampbench decide` while its look trains: the signal reaches the look's DVC and stage, nothing of
+    the pipeline is left 5 s later, decide ends with one line and exit 130, and params.yaml is as before."""
+    repo, env, _ = decided
+    before = (repo / "params.yaml").read_bytes()
+    log = repo.parent / "decide.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*AMPBENCH, "decide", "--min-seeds", "4", "--max-seeds", "5", "-S",
+                                 "train.epochs=500"], cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while "epoch 1/500" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "epoch 1/500" in log.read_text(), log.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+    assert none_left(repo) == []
+    text = log.read_text()
+    assert text.rstrip().splitlines()[-1].startswith("interrupted (SIGTERM): look 1 was stopped"), text[-3000:]
+    assert "interrupted (SIGTERM)" in text.split("epoch 1/500")[1].split("interrupted (SIGTERM): look")[0]
+    assert (repo / "params.yaml").read_bytes() == before

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from ampbench.errors import interrupted_line
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
@@ -146,36 +148,7 @@ def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: floa
     except KeyboardInterrupt:
         pass
     finally:
-        _stop_group(server)
-
-
-def _stop_group(server) -> None:
-    """SIGTERM to the server's process group; SIGKILL to what is left of it after 20 s."""
-    import os
-    import signal
-    import time
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(server.pid, sig)
-        except ProcessLookupError:  # the whole group is gone
-            return
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            server.poll()  # reap the leader, so that the group empties
-            if not _group_alive(server.pid):
-                return
-            time.sleep(0.2)
-
-
-def _group_alive(pgid: int) -> bool:
-    import os
-
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+        processes.end_group(server)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []}, add_help_option=False)
@@ -235,7 +208,11 @@ def decide(root: Path, min_seeds: int, max_seeds: int, spending: str, until: str
     if min_seeds > max_seeds:
         raise click.BadParameter(f"{min_seeds} is more than --max-seeds {max_seeds}", param_hint="--min-seeds")
     design = Design(min_seeds, max_seeds, spending, until=until)
-    result = run_looks(root.resolve(), design, first_seed, extra, say=click.echo)
+    try:
+        result = run_looks(root.resolve(), design, first_seed, extra, say=click.echo)
+    except KeyboardInterrupt as exc:  # an Interrupted says what is kept
+        click.echo(interrupted_line(exc), err=True)
+        raise SystemExit(130) from None
     click.echo(f"stopped at look {result.look} with seeds {result.seeds}: reports/report.md; each look in "
                "`dvc exp show`, and in MLflow under the tag sequential.group")
 
@@ -275,8 +252,7 @@ def cluster_repro(address: str, root: Path, cpus: float, gpus: float | None, acc
     try:
         run_grid(root, Options(address, Placement(cpus, gpus, accelerator_type, resource), retries))
     except KeyboardInterrupt as exc:  # an Interrupted says what was cancelled and what is kept
-        kept = getattr(exc, "kept", None)
-        click.echo(f"interrupted ({exc.args[0] if exc.args else 'SIGINT'})" + (f": {kept}" if kept else ""), err=True)
+        click.echo(interrupted_line(exc), err=True)
         raise SystemExit(130) from None
 
 

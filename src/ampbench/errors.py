@@ -50,3 +50,9 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signal_name: str, kept: str):
         super().__init__(signal_name)
         self.kept = kept
+
+
+def interrupted_line(exc: KeyboardInterrupt) -> str:
+    """``interrupted (SIGTERM): what is kept``: the one line a command ends with when a signal stopped it."""
+    kept = getattr(exc, "kept", None)
+    return f"interrupted ({exc.args[0] if exc.args else 'SIGINT'})" + (f": {kept}" if kept else "")
