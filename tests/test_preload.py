@@ -6,6 +6,7 @@ Each test has its own runtime folder (XDG_RUNTIME_DIR), so its own server, which
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -160,6 +161,31 @@ def test_a_script_ends_as_under_python_served_or_not(tmp_path, name):
     assert results["served"] == results["python"] == results["served again"] == results["plain"], results
     assert "library atexit" in results["python"][1]
     assert _logs(tmp_path).count(" for client ") == 2  # two were served (the server did not refuse)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin to one")
+def test_a_served_script_has_the_commands_cpus_limits_and_priority(tmp_path):
+    """The server was started by an unpinned command; a pinned, limited, nice'd one gets its own settings."""
+    import resource
+
+    script = tmp_path / "where.py"
+    script.write_text("import os, resource\nprint(sorted(os.sched_getaffinity(0)), "
+                      "resource.getrlimit(resource.RLIMIT_NOFILE)[0], os.getpriority(os.PRIO_PROCESS, 0))\n")
+    env = _env(tmp_path)
+    assert _client(script, env=env, cwd=tmp_path).wait(timeout=60) == 0  # starts the server, unpinned
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    soft = min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 1024) - 1
+
+    def pinned():
+        os.sched_setaffinity(0, {cpu})
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        os.nice(3)
+
+    proc = _client(script, env=env, cwd=tmp_path, preexec_fn=pinned)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out.split(), err) == (0, [f"[{cpu}]", str(soft), str(os.getpriority(os.PRIO_PROCESS, 0)
+                                                                                    + 3)], "")
+    assert _logs(tmp_path).count(" for client ") == 2
 
 
 def test_a_server_whose_imports_start_a_thread_is_not_used(tmp_path):

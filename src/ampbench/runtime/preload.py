@@ -166,6 +166,15 @@ def recv(sock: socket.socket, with_fds: int = 0) -> tuple[dict, list[int]]:
 
 # --- the client: pipeline/python runs it in place of the stage -------------------------------------------------
 
+def placement() -> dict:
+    """What the kernel ties to a process and a fork would take from the server instead of the command: the CPUs it
+    may run on (``taskset``), its resource limits (``ulimit``) and its scheduling priority (``nice``)."""
+    import resource
+
+    limits = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")}
+    return {"affinity": sorted(os.sched_getaffinity(0)), "limits": limits, "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+
+
 def _run_plainly(argv: list[str], caught: list[int] | None = None) -> None:
     """The stage as a process of its own (no server): ``python preload_child.py SCRIPT ARGS``, the same script and
     the same ending as a served stage, in a fresh interpreter (interpreter options such as ``-m``: python itself).
@@ -245,7 +254,7 @@ def client(argv: list[str]) -> None:
     os.umask(umask)
     try:
         send(sock, {"argv": argv, "cwd": os.getcwd(), "env": env, "path": path, "umask": umask,
-                    "ignored": ignored}, [0, 1, 2])
+                    "ignored": ignored, **placement()}, [0, 1, 2])
         started, _ = recv(sock)
     except (OSError, EOFError, ValueError):
         _run_plainly(argv, caught)  # the server went away before it forked: nothing of the stage has run

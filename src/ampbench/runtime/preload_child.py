@@ -52,6 +52,7 @@ def _take_over(job: dict) -> None:
         os.dup2(fd, target)
         os.close(fd)
     os.umask(job["umask"])
+    _place(job)
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update({**job["imported_env"], **job["env"]})
@@ -66,6 +67,29 @@ def _take_over(job: dict) -> None:
     tempfile.tempdir = None  # TMPDIR is the client's
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+
+
+def _place(job: dict) -> None:
+    """The command's CPUs, resource limits and priority, not the server's (``preload.placement``): ``taskset -c 0
+    dvc repro`` pins its stages, ``ulimit -v`` bounds them. A limit above what the server may raise to stays at the
+    server's, said on the stage's stderr (its control group, too, is the server's: docs/operations.md)."""
+    import resource
+
+    os.sched_setaffinity(0, job["affinity"])
+    for name, (soft, hard) in job["limits"].items():
+        which = getattr(resource, name, None)
+        if which is None or resource.getrlimit(which) == (soft, hard):
+            continue
+        try:
+            resource.setrlimit(which, (soft, hard))
+        except (ValueError, OSError) as exc:
+            print(f"ampbench: {name} stays at the preload server's {resource.getrlimit(which)}, not the command's "
+                  f"{(soft, hard)} ({exc}); AMPBENCH_PRELOAD=0 runs the stage with the command's", file=sys.stderr)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, job["nice"])
+    except PermissionError:  # a priority above the server's needs privileges the command may have had
+        print(f"ampbench: the stage runs at the preload server's priority (nice {os.getpriority(os.PRIO_PROCESS, 0)}"
+              f"), not the command's ({job['nice']}); AMPBENCH_PRELOAD=0 runs it at the command's", file=sys.stderr)
 
 
 def _run(script: str) -> None:
