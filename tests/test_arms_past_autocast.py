@@ -291,3 +291,65 @@ def test_on_a_gpu_each_new_arm_trains_compiled_steps_or_says_why_not():
             assert float8.record(model, policy.float8_recipe)["converted"] == 3  # 64→128, 128→128, 128→16
         else:
             assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+
+
+def test_the_check_stage_names_the_arms_a_missing_package_will_skip(monkeypatch, tmp_path, tiny_params, write_params):
+    """Issue 49.7: the check stage called a run valid whose arms need torchao while torchao was absent; they were
+    only skipped at their train stage. Now one line per such arm, with the install line, and the run goes on
+    (skipping is what an opt-in arm does without its package); an arm whose package is there gets no line."""
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from test_cli import _stage
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    tiny_params["train"].update(precisions=["fp32", "bf16_sr", "bf16_kahan", "fp8_tensorwise"], optimizer="adamw")
+    out = tmp_path / "checked.txt"
+    result = CliRunner().invoke(_stage("check"), ["--params", str(write_params(tiny_params)), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"train.precisions: {arm} will be skipped: {arm} needs torchao, which is not installed (pip install torchao)"
+        for arm in ("bf16_sr", "fp8_tensorwise")]
+    assert result.stdout.strip() == "params.yaml: valid" and out.exists()
+
+
+@pytest.mark.parametrize("stage, error", [
+    ("check", "ImportError(\"cannot import name '_C' from partially initialized module 'torchao'\")"),
+    ("check", "RuntimeError('torchao 0.18 was built for another torch\\nits second line')"),
+    ("train", "RuntimeError('torchao 0.18 was built for another torch')"),
+], ids=["check-import-error", "check-runtime-error", "train-runtime-error"])
+def test_a_broken_install_of_an_optional_package_is_named_as_such(stage, error, tmp_path, tiny_params, write_params):
+    """Issue 49.7: a torchao whose import raises (here a fake one first on PYTHONPATH) passed the check stage (its
+    module was found) and, at the train stage, was blamed on "your code" (its file lies outside site-packages).
+    Now both stages say one line: the arm, the package, the error's first line, a broken install, not your code."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, clean_env, prepare_in_process
+
+    site = tmp_path / "site"
+    (site / "torchao").mkdir(parents=True)
+    (site / "torchao" / "__init__.py").write_text(f"raise {error}\n")
+    tiny_params["train"].update(precisions=["fp32", "bf16_sr"], optimizer="adamw")
+    tiny_params["mlflow"]["log_model"] = False
+    params = write_params(tiny_params)
+    out = tmp_path / "out"
+    args = ["--params", str(params), "--out", str(out / "checked.txt")]
+    if stage == "train":
+        args = ["--params", str(params), "--precision", "bf16_sr", "--out", str(out / "bf16_sr"), "--resume-dir",
+                str(out / ".resume"), "--data", str(prepare_in_process(params, tmp_path / "prepared"))]
+    env = clean_env(PYTHONPATH=str(site), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                    AMPBENCH_PRELOAD="0")
+    done = subprocess.run([sys.executable, str(ROOT / "pipeline" / f"{stage}.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    kind = error.partition("(")[0]
+    [line] = [ln for ln in done.stderr.strip().splitlines() if ln.startswith("error:")]
+    assert line == done.stderr.strip().splitlines()[-1] and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert line.startswith(f"error: bf16_sr needs torchao, whose install is broken: importing torchao.optim raises "
+                           f"{kind}: "), line
+    assert "(a broken install of torchao, not your code); reinstall it (pip install --force-reinstall torchao)" in line
+    assert "second line" not in line and "raised in your code" not in line
+    assert not out.exists() and not (tmp_path / "mlflow.db").exists()  # before any output or MLflow run

@@ -393,6 +393,21 @@ DAMAGED = [
      "field skipped_steps: Input should be a valid integer"),
     ("summary-of-another-arm", "summary.json", lambda s: s.update(arm="bf16"),
      "says it belongs to arm 'bf16', but it is in fp32's folder"),
+    # Well-typed but impossible (issue 49.7): accepted, and reported as what the arm did.
+    ("summary-epochs-negative", "summary.json", lambda s: s.update(epochs=-3),
+     "field epochs: Input should be greater than or equal to 1 (holds -3)"),
+    ("summary-seed-speed-nan", "summary.json", lambda s: s["seeds"]["0"].update(train_samples_per_s=float("nan")),
+     "field seeds.0.train_samples_per_s: Input should be a finite number (holds nan)"),
+    ("summary-speed-infinite", "summary.json", lambda s: s.update(samples_per_s=float("inf")),
+     "field samples_per_s: Input should be a finite number (holds inf)"),
+    ("summary-speed-negative", "summary.json", lambda s: s.update(samples_per_s=-120.0),
+     "field samples_per_s: Input should be greater than 0 (holds -120.0)"),
+    ("summary-memory-negative", "summary.json", lambda s: s.update(peak_memory_mb=-1.0),
+     "field peak_memory_mb: Input should be greater than or equal to 0 (holds -1.0)"),
+    ("summary-seconds-negative", "summary.json", lambda s: s["seeds"]["0"].update(train_seconds=-4.5),
+     "field seeds.0.train_seconds: Input should be greater than or equal to 0 (holds -4.5)"),
+    ("summary-steps-negative", "summary.json", lambda s: s.update(optimizer_steps=-7),
+     "field optimizer_steps: Input should be greater than or equal to 0 (holds -7)"),
     ("checkpoint-truncated", "seed0.pt", "truncate", "checkpoint unreadable"),
     ("checkpoint-missing", "seed0.pt", None, "missing"),
     ("checkpoint-of-another-model", "seed0.pt", "weights", "not a checkpoint the train stage wrote"),
@@ -476,7 +491,9 @@ def test_a_store_that_fails_while_evaluate_logs_publishes_no_report(trained, pre
     result = _invoke("evaluate", ["--params", str(params), "--data", str(prepared), "--models", str(models),
                                   "--reports", str(reports)])
     assert result.exit_code == 2, result.output
-    assert result.stderr.strip().splitlines()[-1] == "error: MLflow store sqlite:///x.db: disk I/O error"
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: MLflow store sqlite:///x.db: disk I/O error — no report was published (those in {reports} are as "
+        "they were) and the trained models are kept: run the evaluate stage again once the store works")
     assert not [p for p in reports.rglob("*") if p.is_file()], "reports published although MLflow failed"
     monkeypatch.undo()  # the same evaluation with a working store publishes them
     result = _invoke("evaluate", ["--params", str(params), "--data", str(prepared), "--models", str(models),

@@ -339,6 +339,54 @@ def test_disk_full_while_creating_the_store(tmp_path, setup, small_fs):
     assert torch.load(tmp_path / "y" / "fp32" / "seed0.pt", weights_only=True)["epoch"] == 4
 
 
+@pytest.mark.parametrize("served", [False, True], ids=["plain", "served"])
+def test_disk_full_while_evaluate_logs_is_one_line(tmp_path, setup, small_fs, served, request):
+    """Issue 53.3: the store's filesystem fills while evaluate logs into it: MLflow logged ~45 lines of its
+    SQLAlchemy traceback on stderr before our line, as a plain process and through the preload server. Now exactly
+    one stderr line, naming the store, the full disk, where MLflow's own log went and what is kept; exit 2; no report
+    published; no run RUNNING; with room again the same command publishes the reports. 96 KiB free: the store opens
+    (about 40 KiB: its WAL index), and the first writes of the logging fill it (the figures, copied after them, would
+    need 160 KiB more)."""
+    import shutil
+    import tempfile
+
+    _, params, args = setup
+    store = small_fs("store", 16384)
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    env = clean_env(MLFLOW_TRACKING_URI=uri, DVC_ROOT=str(tmp_path), AMPBENCH_PRELOAD="0")  # DVC_ROOT: logs/ there
+    run_ok([sys.executable, str(ROOT / "pipeline" / "train.py"), *args(params, "m")], tmp_path, env)
+    if served:  # a server of the test's own, in a folder of its own (a socket's path must be short)
+        run = Path(tempfile.mkdtemp(prefix="ab-", dir="/tmp"))
+        request.addfinalizer(lambda: shutil.rmtree(run, ignore_errors=True))
+        env.update(AMPBENCH_PRELOAD="1", XDG_RUNTIME_DIR=str(run), AMPBENCH_PRELOAD_IDLE="5")
+    launcher = [sys.executable, *([str(ROOT / "src" / "ampbench" / "runtime" / "preload.py")] if served else [])]
+    reports = tmp_path / "reports"
+    evaluate = [*launcher, str(ROOT / "pipeline" / "evaluate.py"), "--params", str(params), "--data",
+                str(tmp_path / "prepared"), "--models", str(tmp_path / "m"), "--reports", str(reports)]
+    _fill(store, 96)
+    done = subprocess.run(evaluate, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    [line] = done.stderr.strip().splitlines()
+    log = tmp_path / "logs" / "mlflow.log"
+    assert line.startswith(f"error: MLflow store {uri}: (sqlite3.OperationalError) database or disk is full; its "
+                           f"disk is full ("), line
+    assert f"KiB free in {store}); MLflow's own log of it: {log} — no report was published" in line, line
+    assert "the trained models are kept" in line, line
+    assert "ERROR mlflow.store.db.utils: SQLAlchemy database error" in log.read_text()  # MLflow's, in its file
+    assert not [p for p in reports.rglob("*") if p.is_file()]
+    if served:  # it was: the server answers (none refused)
+        assert list(run.glob("ampbench/*.sock")) and not list(run.glob("ampbench/*.refused"))
+
+    (store / "ballast").unlink()
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    assert not mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'RUNNING'",
+                                  output_format="list")
+    run_ok(evaluate, tmp_path, env)
+    assert (reports / "report.md").exists() and [r.info.status for r in _runs(uri)] == ["FINISHED"]
+
+
 _EVALUATE_DRIVER = """
 import os, runpy, signal, sys
 sys.path[:0] = [{src!r}, {pipeline!r}]

@@ -310,3 +310,61 @@ def test_dvc_md5_is_the_hash_dvc_records(tmp_path):
     subprocess.run([sys.executable, "-m", "dvc", "add", "-q", "data"], cwd=repo, check=True)
     recorded = yaml.safe_load((repo / "data.dvc").read_text())["outs"][0]["md5"]
     assert dvc_md5(folder) == recorded
+
+
+@pytest.fixture
+def loggers_restored(monkeypatch):
+    """``own_log.route`` rewires process-wide loggers: put them back afterwards."""
+    import logging
+
+    from ampbench.tracking import own_log
+
+    names = ("mlflow", "sqlalchemy", "sqlalchemy.engine", "alembic", "huey", "mlflow.store.db.utils")
+    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).propagate, logging.getLogger(n).level)
+             for n in names}
+    monkeypatch.setattr(own_log, "_handler", None)
+    yield
+    for name, (handlers, propagate, level) in saved.items():
+        logger = logging.getLogger(name)
+        logger.handlers, logger.propagate, logger.level = handlers, propagate, level
+
+
+def test_mlflows_own_log_goes_to_a_file_and_only_a_warning_outside_the_store_gets_a_line(tmp_path, capsys,
+                                                                                        loggers_restored):
+    """Issue 53.3: MLflow's store layer logged ~45 lines of SQLAlchemy traceback on stderr before our one-line
+    error. Its records (and SQLAlchemy's, alembic's) go to logs/mlflow.log, passwords masked; the terminal gets
+    nothing for them (the store's failure reaches the stage as its one line, which names the file), and one line for
+    the first warning from elsewhere in MLflow (it carries on after it, and nothing else would say it)."""
+    import logging
+
+    from ampbench.tracking import own_log
+
+    uri = "postgresql://mlflow:s3cret@db:5432/mlflow"
+    assert own_log.said() == ""
+    path = own_log.route(tmp_path, uri)
+    assert path == tmp_path / "logs" / "mlflow.log" and not path.exists()  # nothing logged, no file
+    logging.getLogger("mlflow.store.db.utils").error("SQLAlchemy database error.\nTraceback (most recent call last)")
+    logging.getLogger("sqlalchemy.pool.impl").warning(f"connection to {uri} invalidated")
+    logging.getLogger("alembic.runtime.migration").info("Running upgrade")  # below WARNING: dropped
+    assert capsys.readouterr().err == ""
+    assert own_log.said() == f"; MLflow's own log of it: {path}"
+    logging.getLogger("mlflow.system_metrics.system_metrics_monitor").warning("Failed to log system metrics: x\ny")
+    logging.getLogger("mlflow.tracking.fluent").warning("a second warning")
+    assert capsys.readouterr().err == f"MLflow warning: Failed to log system metrics: x (its log: {path})\n"
+    text = path.read_text()
+    for seen in ("ERROR mlflow.store.db.utils: SQLAlchemy database error.\nTraceback", "postgresql://mlflow:***@db",
+                 "WARNING mlflow.system_metrics", "a second warning"):
+        assert seen in text, text
+    assert "s3cret" not in text and "Running upgrade" not in text
+
+
+def test_a_log_file_that_cannot_be_written_drops_the_records_quietly(tmp_path, capsys, loggers_restored):
+    import logging
+
+    from ampbench.tracking import own_log
+
+    (tmp_path / "logs").write_text("a file where the folder should be")
+    own_log.route(tmp_path, "sqlite:///x.db")
+    logging.getLogger("mlflow.store.db.utils").error("SQLAlchemy database error.")
+    assert capsys.readouterr().err == ""  # not logging's "--- Logging error ---" page
+    assert own_log.said().startswith("; MLflow's own log of it was dropped (")

@@ -72,6 +72,16 @@ OPTIMIZERS: dict[str, tuple[str, ...]] = {"torch": ("sgd", "adam", "adamw"), "to
 OPTIMIZER_PACKAGES = {"torchao_sr": "torchao's _AdamW (stochastic rounding)",
                       "optimi_kahan": "torch-optimi (Kahan summation)"}
 TF32_REFERENCE = "tf32"  # speed and memory are also given relative to this arm when it ran
+# The packages beyond torch an arm imports, by what needs them: (the module it imports, the distribution pip
+# installs). Optional: an arm whose package is missing is skipped (``precision.packages`` probes them).
+PACKAGES = {"torchao_sr": ("torchao.optim", "torchao"), "optimi_kahan": ("optimi", "torch-optimi"),
+            "float8": ("torchao.float8", "torchao")}
+
+
+def packages(arm: Arm) -> list[tuple[str, str]]:
+    """(module, distribution) of every package beyond torch that ``arm`` imports: its optimizer's, its float8's."""
+    needs = [PACKAGES[arm.optimizer]] if arm.optimizer in PACKAGES else []
+    return needs + ([PACKAGES["float8"]] if arm.float8 else [])
 
 
 _PURE_OPTIMIZER = {

@@ -7,20 +7,26 @@ traceback halfway through a stage; a field the code indexes has no default. Each
 evaluate stage and the report read (attributes, not keys); meta.json stays a dict, the form a Task's
 ``model_args(meta)`` receives.
 
-Strict types: a string where a number belongs is refused, not converted; a boolean is not a number. Fields the
-evaluate stage does not read may be added freely (``extra="allow"``): a newer train stage's summary still reads.
+Strict types: a string where a number belongs is refused, not converted; a boolean is not a number. Impossible
+values are refused too: a summary's epochs below 1, a throughput that is not a positive finite number, a NaN, an
+infinity or a negative memory, time, share or count. Fields the evaluate stage does not read may be added freely
+(``extra="allow"``): a newer train stage's summary still reads.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ampbench.errors import DataError
 
 Number = float | None
+# What training measured: JSON's NaN and Infinity parse as floats, and a hand edit can make anything negative.
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)] | None  # samples/s of an arm that trained
+Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)] | None  # MB, seconds, a share, FLOPs
+Count = Annotated[int, Field(ge=0)]  # steps, windows, parameters
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -32,14 +38,14 @@ class SeedSummary(_Strict):
     run_id: str  # the seed's MLflow run, which evaluate attaches its test metrics to
     diverged: str | None = None
     checkpoint: str | None = None
-    train_samples_per_s: Number = None
-    timing_windows: int | None = None
-    peak_memory_mb: Number = None
-    train_seconds: Number = None
-    skipped_steps_total: int = 0
-    optimizer_steps_total: int = 0
+    train_samples_per_s: Rate = None
+    timing_windows: Count | None = None
+    peak_memory_mb: Amount = None
+    train_seconds: Amount = None
+    skipped_steps_total: Count = 0
+    optimizer_steps_total: Count = 0
     input_path: str | None = None
-    input_wait_share: Number = None
+    input_wait_share: Amount = None
     final: dict[str, float | str | None] = {}
     first_nonfinite: dict[str, Any] | None = None
     activations: list[dict[str, Any]] | None = None
@@ -70,8 +76,8 @@ class ModelRecord(_Strict):
     """What ``models.factory`` built: its name and arguments, its parameters and FLOPs per sample."""
 
     name: str
-    parameters: int
-    flops_per_sample: float
+    parameters: Count
+    flops_per_sample: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     kind: str | None = None
     width: int | None = None
     args: dict[str, Any] = {}
@@ -85,15 +91,15 @@ class ArmSummary(_Strict):
     diverged: dict[str, str] | None = None  # seed → why the guard stopped it
     ablation: bool = False
     policy: dict[str, Any] = {}
-    epochs: int | None = None
-    world_size: int = 1
+    epochs: Annotated[int, Field(ge=1)] | None = None
+    world_size: Annotated[int, Field(ge=1)] = 1
     seeds: dict[str, SeedSummary] = {}
-    samples_per_s: Number = None
-    peak_memory_mb: Number = None
-    skipped_steps: int = 0
-    optimizer_steps: int = 0
+    samples_per_s: Rate = None
+    peak_memory_mb: Amount = None
+    skipped_steps: Count = 0
+    optimizer_steps: Count = 0
     input_path: str | None = None
-    input_wait_share: Number = None
+    input_wait_share: Amount = None
     flops: dict[str, Any] | None = None
     optimizer: dict[str, str] | None = None
     state_bytes: dict[str, Any] | None = None

@@ -20,6 +20,7 @@ import torch
 from ampbench.config import arms
 from ampbench.config.params import GradScalerParams, TrainParams
 from ampbench.errors import ArmUnavailable, DeviceError
+from ampbench.precision.packages import package_problem
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,9 @@ def resolve_policy(name: str, device: torch.device, fp32_modules: tuple[str, ...
             raise ArmUnavailable("tf32 is a CUDA tensor-core mode; on CPU it would run as plain fp32")
     else:
         raise ArmUnavailable(f"device type {device.type!r} is not supported (cpu or cuda)")
-    _check_packages(policy)
+    missing = package_problem(name)
+    if missing:
+        raise ArmUnavailable(missing)
     if policy.float8_recipe:
         from ampbench.precision import float8
 
@@ -262,21 +265,6 @@ def resolve_policy(name: str, device: torch.device, fp32_modules: tuple[str, ...
         if why:
             raise ArmUnavailable(why)
     return policy
-
-
-_PACKAGES = {"torchao_sr": ("torchao", "torchao"), "optimi_kahan": ("optimi", "torch-optimi")}
-
-
-def _check_packages(policy: PrecisionPolicy) -> None:
-    """ArmUnavailable when the library an arm's optimizer or float8 layers come from is not installed."""
-    import importlib.util
-
-    needs = [_PACKAGES[policy.optimizer_impl]] if policy.optimizer_impl in _PACKAGES else []
-    if policy.float8_recipe:
-        needs.append(("torchao", "torchao"))
-    for module, dist in needs:
-        if importlib.util.find_spec(module) is None:
-            raise ArmUnavailable(f"{policy.name} needs {dist}, which is not installed (pip install {dist})")
 
 
 def resolve_device(requested: str) -> torch.device:

@@ -31,7 +31,7 @@ from ampbench.config.records import (
 )
 from ampbench.data.prepare import cut_notes, load_prepared
 from ampbench.data.splits import Split
-from ampbench.errors import AmpbenchError, DataError
+from ampbench.errors import AmpbenchError, DataError, StoreError
 from ampbench.models.factory import ModelSpec, build_for
 from ampbench.precision.policy import resolve_device, resolve_policy
 from ampbench.report.advice import Recommendation, recommendation
@@ -67,7 +67,15 @@ _RETRAIN = "rerun the train stage (dvc repro) to rewrite it"
 def evaluate_arms(params: Params, data_dir: Path, models_dir: Path, reports_dir: Path, project_root: Path,
                   tags: dict[str, str], speed_path: Path | None = None) -> dict[str, Any]:
     """Evaluate every arm on the test split against the baseline of the same seed; write reports; log to MLflow.
-    Speed from the speed stage's ``speed_path`` (reports/interleaved.json) when it exists."""
+    Speed from ``speed_path`` (reports/interleaved.json) when it exists. A failing store: StoreError, what is kept."""
+    try:
+        return _evaluate_arms(params, data_dir, models_dir, reports_dir, project_root, tags, speed_path)
+    except StoreError as exc:
+        raise StoreError(f"{exc} — no report was published (those in {reports_dir} are as they were) and the trained "
+                         "models are kept: run the evaluate stage again once the store works") from None
+
+
+def _evaluate_arms(params, data_dir, models_dir, reports_dir, project_root, tags, speed_path) -> dict[str, Any]:
     tp, ev = params.train, params.evaluate
     tracking.check_uri(tracking.store_uris(project_root)[0])
     experiment_id = tracking.setup(project_root, params.mlflow.experiment)  # a store that fails: no report yet

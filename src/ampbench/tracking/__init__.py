@@ -1,5 +1,6 @@
-"""The one package that talks to MLflow: the store (``uris``, ``store``, ``retry``), the runs (``runs``) and what is
-logged into them (``logs``). The rest of the library calls it as ``tracking.<name>``.
+"""The one package that talks to MLflow: the store (``uris``, ``store``, ``retry``), the runs (``runs``), what is
+logged into them (``logs``) and where MLflow's own log records go (``own_log``: logs/mlflow.log, not the terminal).
+The rest of the library calls it as ``tracking.<name>``.
 
 A parent run per pipeline execution holds the runs per arm and seed nested under it and, after evaluate, the
 comparison. Metrics are sent in one batch per epoch, never per step.

@@ -5,7 +5,9 @@ transient conflicts, whole transactions before a signal is handled, and store er
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +16,7 @@ from urllib.parse import urlsplit
 
 from ampbench.errors import StoreError
 from ampbench.runtime import processes
+from ampbench.tracking import own_log
 from ampbench.tracking.uris import mask, redact, sqlite_path
 
 
@@ -65,7 +68,7 @@ def retry(fn):
                 if any(t in str(exc) for t in _TRANSIENT) and attempt < 9:
                     time.sleep(0.05 * 2**attempt)  # 0.05 s … 25 s in total
                     continue
-                if _from_store(exc):
+                if _from_store(exc) or _out_of_space(exc):
                     raise StoreError(store_message(exc)) from None
                 raise
 
@@ -91,13 +94,46 @@ def _from_store(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in _STORE_MODULES
 
 
+def _out_of_space(exc: BaseException) -> bool:
+    """An OSError of a full disk or quota inside an MLflow call: its artifacts (``mlartifacts/``) could not be
+    copied. Its file name is the source's, which looks like the culprit; the store's message says what it is."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def store_message(exc: BaseException) -> str:
+    """One line: the store (password masked), the error's first line, a full disk where that is the cause, and
+    where MLflow's own log of it went (``own_log``)."""
     import mlflow
 
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
     uri = mlflow.get_tracking_uri()
-    return mask(f"MLflow store {redact(uri)}: {first[:300]}", uri)
+    if isinstance(exc, OSError):  # shutil's copy names the destination second
+        first = f"{exc.strerror or exc}" + (f" (writing {exc.filename2 or exc.filename})" if exc.filename else "")
+    else:
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+    return mask(f"MLflow store {redact(uri)}: {first[:300]}{_full_disk(exc, uri)}{own_log.said()}", uri)
+
+
+FULL_BELOW = 2**20  # bytes free under which a "disk is full" or "disk I/O" error of the store is the disk's
+
+
+def _full_disk(exc: BaseException, uri: str) -> str:
+    """"; its disk is full (N KiB free in FOLDER)" when the error says so (SQLite: "database or disk is full", or a
+    "disk I/O error" for its shared-memory file; an OSError ENOSPC) and the folder the store writes to has less than
+    ``FULL_BELOW`` free; else "". Only the folder named by the error or a SQLite store's own folder is looked at."""
+    text = str(exc).lower()
+    if not (_out_of_space(exc) or "full" in text or "disk i/o" in text):
+        return ""
+    written = getattr(exc, "filename2", None) or getattr(exc, "filename", None)
+    target = Path(written) if written else Path(sqlite_path(uri)) if uri.startswith("sqlite:///") else None
+    folder = next((p for p in (target, *target.parents) if p.is_dir()), None) if target else None
+    if folder is None:
+        return ""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    return f"; its disk is full ({free // 1024} KiB free in {folder})" if free < FULL_BELOW else ""
 
 
 def current_uri() -> str:
