@@ -8,8 +8,10 @@ and `dvc exp run` with one line instead of recording an experiment in which noth
 (`config/rules.py`, e.g. speed.steps below twice speed.window) is checked here, a device-dependent one on the device
 `train.device` resolves to, so no train stage runs first for a setting a later stage refuses. It also checks that
 the code files dvc.yaml names exist in the copy DVC runs in (temporary and queued experiments copy only git-tracked
-files). Its output holds no data: prepare depends on it only so that DVC runs this stage first, and its content
-never changes, so passing the check reruns nothing else.
+files), and says which arms their train stage will skip for an optional package that is not installed (torchao,
+torch-optimi: skipping is what such an arm does) and stops on one whose install is broken. Its output holds no data:
+prepare depends on it only so that DVC runs this stage first, and its content never changes, so passing the check
+reruns nothing else.
 """
 
 from __future__ import annotations
@@ -28,20 +30,13 @@ from _common import CHECKOUT, debug_option, layout, params_option, project_root,
 @debug_option
 @stage
 def main(params, out_path: Path) -> None:
-    """Validate params.yaml (the stage wrapper already did) and the code paths it names."""
-    from ampbench.config import rules
-    from ampbench.config.user_code import CODE_KEYS, require_present
-    from ampbench.errors import ParamsError
+    """Validate params.yaml (the stage wrapper already did) and the code paths it names; name the arms a missing
+    optional package will skip."""
+    from ampbench.precision.checks import check_run
     from ampbench.runtime.files import atomic_write_text
 
-    if rules.device_dependent(params):  # the table's other rules ran when the stage wrapper loaded the params
-        from ampbench.precision.policy import resolve_device
-
-        for key, why in rules.on_device(params, resolve_device(params.train.device).type):
-            raise ParamsError(f"{key}: {why}")
-    sections = params.to_dict()
-    paths = {key: sections[section][name] for key in CODE_KEYS for section, _, name in [key.partition(".")]}
-    require_present(paths, CHECKOUT, project_root())
+    for arm, why in check_run(params, CHECKOUT, project_root()).items():  # a broken install: one error line
+        click.echo(f"train.precisions: {arm} will be skipped: {why}", err=True)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_path, "params.yaml is valid; the prepare stage depends on this file only so that DVC runs "
                                 "the check stage first.\n")

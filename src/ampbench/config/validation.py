@@ -156,21 +156,6 @@ def validate(raw: dict[str, Any] | None) -> Params:
     return params
 
 
-def check_params(params: Params, checkout: Path, project_root: Path) -> None:
-    """The check stage's checks beyond ``validate``: the rules that depend on the device (which needs torch, so only
-    where a rule does), and the user code params.yaml names, present and tracked (``user_code.require_present``)."""
-    from ampbench.config.user_code import CODE_KEYS, require_present
-
-    if rules.device_dependent(params):
-        from ampbench.precision.policy import resolve_device
-
-        for key, why in rules.on_device(params, resolve_device(params.train.device).type):
-            raise ParamsError(f"{key}: {why}")
-    sections = params.to_dict()
-    paths = {key: sections[section][name] for key in CODE_KEYS for section, _, name in [key.partition(".")]}
-    require_present(paths, checkout, project_root)
-
-
 def load_params(path: str | Path) -> Params:
     """Read and validate a params.yaml file."""
     import yaml

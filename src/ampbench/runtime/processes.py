@@ -181,25 +181,35 @@ def _is_dvc(argv: list[str]) -> bool:
 
 
 def dvc_ancestor() -> Identity | None:
-    """The ``dvc`` process that runs this stage (an ancestor: dvc → shell → python), or None outside DVC. Under DVC
-    whose process has already exited (the chain reaches init, which adopts orphans, before any dvc), an Identity
-    with pid 0, which is ``dead()``: a stage started just before dvc was killed must not run on unwatched."""
+    """The ``dvc`` process that runs this stage (an ancestor: dvc → shell → python), or None outside DVC. If dvc has
+    already exited (killed just as it started the stage), an Identity with pid 0, which is ``dead()``: the stage,
+    or the shell DVC started it with, was adopted by init, with nothing but shells between it and init."""
     if not os.environ.get("DVC_STAGE"):
         return None
     pid = _parent(os.getpid())
+    adopted = True  # every process passed so far stood where DVC's chain would (a shell, the preload client)
     for _ in range(8):  # dvc, its shell, torchrun…: a short chain
         if pid is None:
             return None
+        if pid <= 1:
+            return Identity(socket.gethostname(), 0, "") if adopted else None
         argv = _cmdline(pid)
         if _is_dvc(argv):
             return Identity(socket.gethostname(), pid, start_time(pid) or "")
-        if pid <= 1:  # init (or a container's first process, which was not dvc): dvc is gone
-            return Identity(socket.gethostname(), 0, "")
         if _is_preload_server(argv):  # forked by it (runtime/preload.py): the client stands where our parent would
             pid = int(os.environ.get(LAUNCHER_ENV) or 0)
             continue
+        adopted = adopted and (_is_shell(argv) or _is_preload_client(argv))
         pid = _parent(pid)
     return None
+
+
+def _is_shell(argv: list[str]) -> bool:
+    return bool(argv) and os.path.basename(argv[0]) in ("sh", "dash", "bash", "zsh", "ash", "busybox")
+
+
+def _is_preload_client(argv: list[str]) -> bool:
+    return len(argv) > 1 and os.path.basename(argv[1]) == "preload.py"
 
 
 def _is_preload_server(argv: list[str]) -> bool:

@@ -27,8 +27,9 @@ from typing import Any, Callable, Iterator
 import yaml
 
 from ampbench.config.layout import ReportFiles
-from ampbench.config.validation import check_params, validate
+from ampbench.config.validation import validate
 from ampbench.errors import AmpbenchError, DataError, Interrupted, ParamsError
+from ampbench.precision.checks import check_run
 from ampbench.runtime import processes
 from ampbench.runtime.files import read_json
 from ampbench.verdict.sequential import Design
@@ -58,10 +59,11 @@ def settings(design: Design, seeds: list[int]) -> list[str]:
             for arg in ("-S", f"{key}={text.get(type(value), str)(value)}")]
 
 
-def check_design(root: Path, design: Design, first_seed: int, extra: tuple[str, ...] = ()) -> None:
+def check_design(root: Path, design: Design, first_seed: int, extra: tuple[str, ...] = ()) -> dict[str, str]:
     """The workspace's params.yaml with the user's ``extra`` settings (applied as ``dvc exp run -S`` applies them)
     and the first look's, through the check stage's checks: one line before any look when a look could not run (a
-    typo in a setting, an ``auto`` margin, an arm that cannot run, …). Changes no file."""
+    typo in a setting, an ``auto`` margin, an arm that cannot run, a broken optional package…). Changes no file.
+    Returns the arms a missing optional package will skip, with why."""
     path = root / "params.yaml"
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "params.yaml"
@@ -81,7 +83,7 @@ def check_design(root: Path, design: Design, first_seed: int, extra: tuple[str, 
         for section in sections:
             node = node.setdefault(section, {})
         node[name] = value
-    check_params(validate(raw), root, root)
+    return check_run(validate(raw), root, root)
 
 
 def _apply_settings(path: Path, settings: tuple[str, ...]) -> None:
@@ -106,7 +108,8 @@ def decide(root: Path, design: Design, first_seed: int = 0, extra: tuple[str, ..
            say: Callable[[str], None] = print, dvc: tuple[str, ...] = (sys.executable, "-m", "dvc")) -> Decision:
     """Run the looks of ``design`` in ``root`` (seeds ``first_seed``, ``first_seed + 1``, …) until the evaluate
     stage says the procedure stops. ``extra``: more ``key=value`` settings for every look."""
-    check_design(root, design, first_seed, extra)
+    for arm, why in check_design(root, design, first_seed, extra).items():
+        say(f"ampbench decide: {arm} will be skipped: {why}")
     user = [arg for setting in extra for arg in ("-S", setting)]
     with _params_kept_on_failure(root / "params.yaml"):
         for look in design.looks():

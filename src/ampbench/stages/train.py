@@ -58,10 +58,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         except ArmUnavailable as exc:
             if cell is not None:  # a cluster cell placed on a node that cannot run the arm: refuse, never record
                 raise
-            out.log(f"skipped: {exc}")
-            summary = {"arm": arm, "skipped": str(exc), "hardware": fingerprint(device), "model": model}
-            out.finished(summary, {})
-            return summary
+            return _skipped(out, exc, device, model)
         check_16_bit_work(arm, policy, params, data, task, device)
         plan = request_size(params)
         if plan:
@@ -88,6 +85,14 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         raise Interrupted(str(exc) or "SIGINT", out.kept_line()) from None
     finally:
         distributed.shutdown(world)
+
+
+def _skipped(out: ArmOutputs, why: ArmUnavailable, device: torch.device, model: dict[str, Any]) -> dict[str, Any]:
+    """An arm this device cannot run honestly: recorded as skipped, with why (never run as something else)."""
+    out.log(f"skipped: {why}")
+    summary = {"arm": out.arm, "skipped": str(why), "hardware": fingerprint(device), "model": model}
+    out.finished(summary, {})
+    return summary
 
 
 def execution_key(params: Params, data_md5: str, code_version: str, tags: dict[str, str]) -> str:

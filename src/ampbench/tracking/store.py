@@ -4,11 +4,14 @@ dead processes left RUNNING closed as KILLED.
 
 from __future__ import annotations
 
+import atexit
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ampbench.errors import AmpbenchError, StoreError
 from ampbench.runtime import processes
+from ampbench.tracking import own_log
 from ampbench.tracking.retry import init_lock, retry, store_message
 from ampbench.tracking.uris import check_uri, redact, store_uris
 
@@ -19,17 +22,16 @@ def setup(project_root: Path, experiment: str) -> str:
 
     Raises AmpbenchError (one line) for a malformed, unreachable or unwritable store — before training starts.
     """
-    import logging
-
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    for noisy in ("mlflow.store.db.utils", "alembic"):  # a new store's "Creating initial tables…": not for the user,
-        logging.getLogger(noisy).setLevel(logging.WARNING)  # and a stage's error stays its one line of stderr
     uri, artifact_location = store_uris(project_root)
     check_uri(uri)
+    own_log.route(project_root, uri)  # MLflow's own records to logs/mlflow.log: a stage's error stays one line
     mlflow.set_tracking_uri(uri)
     _no_exit_hook()
+    if not _released:
+        _released.append(atexit.register(release))
     try:
         with init_lock(uri):
             exp = retry(mlflow.get_experiment_by_name)(experiment)
@@ -52,6 +54,24 @@ def setup(project_root: Path, experiment: str) -> str:
     except Exception as exc:  # MlflowException, SQLAlchemy and OS errors from a broken store
         raise StoreError(store_message(exc)) from None
     return exp_id
+
+
+_released: list = []  # release() is registered once per process
+
+
+def release() -> None:
+    """Close the SQL store's pooled connections (an exit function of every process that set the store up). SQLite
+    folds its write-ahead log into ``mlflow.db`` when its last connection closes, so the file alone then holds every
+    run: a copy or backup without ``mlflow.db-wal`` misses nothing. Python's teardown would close them; the stage
+    runner skips that teardown (docs/operations.md, how a stage ends), so the tracking code does it, the same way
+    in a plain process and a preloaded one. Harmless when nothing is open, or for a server store."""
+    for name in ("mlflow.store.tracking.sqlalchemy_store", "mlflow.store.model_registry.sqlalchemy_store"):
+        store = getattr(sys.modules.get(name), "SqlAlchemyStore", None)
+        for engine in list(getattr(store, "_engine_map", {}).values()):
+            try:
+                engine.dispose()
+            except Exception:  # noqa: BLE001, S110  (a broken store at exit: its error was the stage's line)
+                pass
 
 
 def check_artifact_location(uri: str, location: str | None) -> None:
