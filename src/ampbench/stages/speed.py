@@ -14,10 +14,11 @@ from typing import Any, Callable
 
 import torch
 
+from ampbench.config.arms import BASELINE
 from ampbench.config.params import Params
 from ampbench.config.rules import speed_sizes
 from ampbench.data.splits import Split
-from ampbench.errors import ArmUnavailable, ParamsError
+from ampbench.errors import ArmUnavailable, Diverged, ParamsError
 from ampbench.precision.policy import resolve_policy
 from ampbench.runtime.hardware import fingerprint
 from ampbench.speed.budget import Sizes
@@ -56,14 +57,25 @@ def measure_arms(params: Params, train: Split, val: Split, task: Task, device: t
     """Every arm of ``train.precisions`` through the harness, then each arm's peak memory alone: what
     reports/interleaved.json holds."""
     s = sizes(params, len(train) // params.train.batch_size)
-    arms: dict[str, LoopArm] = {}
     skipped: dict[str, str] = {}
+    names = []
     for arm in params.train.precisions:
         try:
-            arms[arm] = loop_arm(arm, params, train, val, task, device, contract, s)
+            resolve_policy(arm, device, params.train.fp32_modules)
+            names.append(arm)
         except ArmUnavailable as exc:
             skipped[arm] = str(exc)
-    measured = measure(arms, s, between_rounds)
+    while True:  # an arm that diverges while timed (an ablation without a scaler) is left out, the rest timed again
+        arms = {arm: loop_arm(arm, params, train, val, task, device, contract, s) for arm in names}
+        try:
+            measured = measure(arms, s, between_rounds)
+            break
+        except Diverged as exc:
+            culprit = next((arm for arm in names if str(exc).startswith(f"{arm}:")), None)
+            if culprit is None or culprit == BASELINE:
+                raise
+            skipped[culprit] = f"diverged while timed ({exc}); the train stage records how it trained"
+            names.remove(culprit)
     arms.clear()  # throughput needed every arm alive; memory needs each one alone
     memory = isolated_memory(lambda arm: loop_arm(arm, params, train, val, task, device, contract, s),
                              list(measured.rounds), device, 2 * s.window)
