@@ -26,11 +26,11 @@ class _WithoutProbe:
     def __init__(self, runner):
         self.runner = runner
 
-    def round(self, steps: int):
+    def round(self, steps: int, window: int) -> list[float]:
         probe = watchers.ActivationProbe
         watchers.ActivationProbe = lambda *a: None  # fit() then runs without activation sampling
         try:
-            return self.runner.round(steps)
+            return self.runner.round(steps, window)
         finally:
             watchers.ActivationProbe = probe
 

@@ -224,7 +224,11 @@ def test_stages_write_every_report(stages):
     # Δ is bf16 − fp32 of the same seed on the same examples: the three numbers agree (to the files' rounding).
     assert details["bf16"]["test_accuracy"] - details["fp32"]["test_accuracy"] == pytest.approx(
         metrics["bf16"]["delta_accuracy_pp"] / 100, abs=2e-6)
-    assert set(speed) == {"fp32", "bf16"} and set(speed["bf16"]) == {"speedup_vs_fp32", "memory_vs_fp32"}
+    assert set(speed) == {"fp32", "bf16"} and set(speed["bf16"]) == {"speedup_vs_fp32"}
+    # On a CPU peak memory cannot be attributed to one arm (issue 49): no ratio in speed.json, null in details.json,
+    # n/a in the report's memory column, as the bench says.
+    assert details["bf16"]["memory_vs_fp32"] is None and details["bf16"]["peak_memory_mb"] is None
+    assert "Peak memory n/a: CPU: peak RSS is the process's high-water mark" in stages["report"]
     # Issue 29.1: the speed is the speed stage's, interleaved, with its interval; training time is secondary.
     inter = json.loads((stages["reports"] / "interleaved.json").read_text())
     assert details["bf16"]["speed_source"] == "interleaved" and details["bf16"]["train_samples_per_s"] > 0

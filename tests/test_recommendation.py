@@ -141,3 +141,27 @@ def test_the_speed_interval_must_clear_the_threshold_not_just_its_median():
     line = recommendation(merged, GPU).line
     assert ("bf16: not worse, but 1.05× [1.04, 1.06] fp32's samples/s (a switch needs its interval's low end at "
             "1.05× or more)") in line
+
+
+def test_memory_is_n_a_on_a_cpu_as_the_bench_says():
+    """Issue 49: the first table gave `memory × fp32 1.00×` on a CPU, where peak RSS cannot be attributed to one arm
+    (a process's high-water mark; a forked stage counts only the pages it touched). The report follows the bench's
+    rule (runtime.memory.per_arm): n/a on a CPU, in the table and as null in the JSON rows; a ratio on CUDA."""
+    from ampbench.report.markdown import first_table
+    from ampbench.verdict.comparison import ArmReport
+    from ampbench.verdict.tables import timing_row
+    from conftest import arm_summary
+
+    cuda = {"device_name": "NVIDIA H100", "device_type": "cuda"}
+    on_gpu = {a: ArmReport(arm_summary(a, hardware=cuda, peak_memory_mb=mb)) for a, mb in (("fp32", 200.0),
+                                                                                           ("bf16", 120.0))}
+    assert timing_row(on_gpu["bf16"], on_gpu["fp32"], None)["memory_vs_fp32"] == 0.6
+    on_cpu = {a: ArmReport(arm_summary(a, peak_memory_mb=mb)) for a, mb in (("fp32", 200.0), ("bf16", 200.0))}
+    timing = {a: timing_row(r, on_cpu["fp32"], None) for a, r in on_cpu.items()}
+    assert all(t["memory_vs_fp32"] is None and t["peak_memory_mb"] is None for t in timing.values())
+    merged = {"fp32": row(verdict="baseline", loss_verdict="baseline", memory=timing["fp32"]["memory_vs_fp32"]),
+              "bf16": row(speed=1.5, memory=timing["bf16"]["memory_vs_fp32"])}
+    context = RunContext(device_type="cpu")
+    table = first_table(list(on_cpu.values()), merged, context, recommendation(merged, context))
+    memory_column = table[0].split(" | ").index("memory × fp32")
+    assert [line.split(" | ")[memory_column] for line in table[2:]] == ["n/a", "n/a"]

@@ -18,8 +18,8 @@ from ampbench.config.validation import validate
 from ampbench.data.splits import Split
 from ampbench.errors import ParamsError
 from ampbench.speed.budget import Budget, Sizes
-from ampbench.speed.harness import interleave, measure
-from ampbench.speed.ratios import median_interval, summarise
+from ampbench.speed.harness import fastest_after_first, measure
+from ampbench.speed.ratios import ABOVE, UNDECIDED, WITHIN, goal_verdict, median_interval, summarise, verdict_text
 from ampbench.stages.speed import loop_arm, sizes
 from ampbench.tasks.classification import CLASSIFICATION
 from conftest import ROOT
@@ -35,6 +35,23 @@ def test_median_interval_is_the_order_statistics_binomial_coverage_gives():
     rng = np.random.default_rng(29)
     hits = sum(iv.low <= 0 <= iv.high for iv in (median_interval(list(rng.standard_t(3, 9))) for _ in range(2000)))
     assert hits / 2000 >= 0.95
+
+
+def test_a_goal_is_within_or_above_only_when_the_whole_interval_is():
+    """The bench's goal lines (loop overhead ≤ 1.03, logging ≤ 2%): within when all of the interval is at or below
+    the goal, above when all of it is above, undecided when it holds the goal — or is no interval worth the name
+    (fewer than 5 rounds: their range covers the median with less than 90%)."""
+    within = median_interval([0.99, 1.00, 1.01, 1.02, 1.03])
+    above = median_interval([1.031, 1.05, 1.06, 1.07, 1.20])
+    straddling = median_interval([0.93, 1.00, 1.05, 1.10, 1.16])  # 1.050 [0.93, 1.16]: issue 49's line
+    assert goal_verdict(within, 1.03) == WITHIN and goal_verdict(above, 1.03) == ABOVE
+    assert goal_verdict(straddling, 1.03) == UNDECIDED and goal_verdict(None, 1.03) == UNDECIDED
+    few = median_interval([1.20, 1.21, 1.22, 1.23])  # all above, but 4 rounds: 87.5% coverage
+    assert goal_verdict(few, 1.03) == UNDECIDED
+    assert verdict_text(UNDECIDED, few, "≤ 1.03", 4) == "undecided: 4 rounds, too few for a 90% interval (5 at least)"
+    assert verdict_text(UNDECIDED, straddling, "≤ 1.03", 5) == ("undecided: the interval holds the goal (≤ 1.03) "
+                                                                "after 5 rounds")
+    assert verdict_text(WITHIN, within, "≤ 1.03", 5) == "within (over 5 rounds)"
 
 
 def test_ratios_pair_arms_round_by_round_and_name_the_rounds_that_disagree():
@@ -74,7 +91,7 @@ def two_fp32_timers():
     timers = [loop_arm("fp32", params, train, val, CLASSIFICATION, torch.device("cpu"), contract, sizes(params))
               for _ in "AB"]
     for t in timers:
-        t.round(20)  # warm-up
+        t.round(20, 10)  # warm-up
     yield dict(zip("AB", timers, strict=True))
     torch.set_num_threads(threads)
 
@@ -86,75 +103,127 @@ def _ratio(timers, between_rounds=None) -> tuple[float, list[float]]:
     return float(np.median(ratios)), ratios
 
 
-class _Steps:
-    """A budget that gives ``steps(r)`` steps in round r, for ``total`` rounds."""
+class _Clocked:
+    """A runner on a fake clock: each step costs ``seconds`` (its first call ``once`` more: a compile), each window
+    reads 1 / seconds samples/s; it notes its calls as (steps, window) and ``seen`` its name."""
 
-    def __init__(self, total, steps):
-        self.total_rounds, self.steps = total, steps
+    def __init__(self, clock: list[float], seconds: float, once: float = 0.0, name: str = "", seen=None):
+        self.clock, self.seconds, self.once, self.name, self.seen = clock, seconds, once, name, seen
+        self.calls: list[tuple[int, int]] = []
 
-    def steps_for(self, r):
-        return self.steps(r)
+    def round(self, steps: int, window: int) -> list[float]:
+        self.calls.append((steps, window))
+        if self.seen is not None:
+            self.seen.append(self.name)
+        once = self.once if len(self.calls) == 1 else 0.0  # in the call's first window
+        self.clock[0] += steps * self.seconds + once
+        windows = [window / (window * self.seconds)] * (steps // window)  # a sample a step
+        if windows:
+            windows[0] = window / (window * self.seconds + once)
+        return windows
 
-    def run(self, steps, one_round):
-        return one_round(steps)
+
+def _budgets(clock, names, seconds, reserve=0.0, shrink=True, **sizes):
+    s = Sizes(**{"rounds": 5, "steps": 30, "window": 10, "warmup_steps": 10, "seconds": seconds, **sizes})
+    return s, {n: Budget(s, reserve, clock=lambda: clock[0], shrink=shrink) for n in names}
 
 
 def test_interleaving_alternates_the_order_round_by_round():
-    """A B C, then C B A: a place in the round (first after a long arm, last before a load fades) falls to each
-    arm alike over two rounds."""
-    seen = []
-
-    class Timer:
-        def __init__(self, name):
-            self.name = name
-
-        def round(self, steps):
-            seen.append(self.name)
-            return float(steps)
-
-    budgets = {n: _Steps(3, lambda r, n=n: 0 if (n, r) == ("B", 2) else 5) for n in "ABC"}
-    out = interleave({n: Timer(n) for n in "ABC"}, budgets)
-    assert "".join(seen) == "ABCCBAAC" and out == {"A": [5.0] * 3, "B": [5.0, 5.0, None], "C": [5.0] * 3}
+    """First calls and round 0 A B C, then C B A, A B C: a place in the round (first after a long arm, last before a
+    load fades) falls to each arm alike over two rounds."""
+    clock, seen = [0.0], []
+    sizes, budgets = _budgets(clock, "ABC", None, rounds=2)
+    out = measure({n: _Clocked(clock, 0.01, name=n, seen=seen) for n in "ABC"}, sizes, budgets=budgets).rounds
+    assert "".join(seen) == "ABC" "ABC" "CBA" "ABC" and out == {n: [100.0, 100.0] for n in "ABC"}
 
 
-def _fake_clock_rounds(monkeypatch, seconds_per_step: float, seconds: float | None) -> tuple[list[int], dict]:
-    """The steps of each round ``Budget`` lets an arm run at a fixed cost per step (a fake clock)."""
-    from types import SimpleNamespace
-
-    from ampbench.speed import budget as budget_module
-
+def test_a_slow_arm_stops_at_its_budget_warm_up_and_all_and_says_what_was_cut():
+    # 8 s a step (fp16 autocast at 16 samples/s of 128), 20 s: a second to build it, then its first call (two steps
+    # in windows of one: 16 s, whatever they cost). No step more fits: no warm-up round, so the first call is round
+    # 1 (its second window the speed), and the arm stops there, within its budget.
     clock = [0.0]
-    monkeypatch.setattr(budget_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    b, ran = Budget(Sizes(rounds=5, steps=30, window=10, warmup_steps=10, seconds=seconds)), []
-
-    def one_round(steps: int) -> None:
-        ran.append(steps)
-        clock[0] += steps * seconds_per_step
-
-    for r in range(b.total_rounds):
-        steps = b.steps_for(r)
-        if steps:
-            b.run(steps, one_round)
-    return ran, b.record()
+    sizes, budgets = _budgets(clock, ["fp16"], 20.0)
+    budgets["fp16"].charge("build", lambda: clock.__setitem__(0, clock[0] + 1.0))
+    arm = _Clocked(clock, 8.0)
+    measured = measure({"fp16": arm}, sizes, budgets=budgets)
+    rec = measured.budgets["fp16"]
+    assert arm.calls == [(2, 1)] and measured.rounds["fp16"] == [0.125, None, None, None, None]
+    assert clock[0] == rec["seconds"] == 17.0 <= 20.0 and rec["cut_short"] and rec["first_call_is_round_1"]
+    assert rec["phases"] == {"build": {"steps": 0, "seconds": 1.0}, "first call": {"steps": 2, "seconds": 16.0}}
+    assert rec["cut"] == {"warm-up": "0 of 30 steps", "rounds": "1 of 5 rounds, 2 steps (its first call's two steps as "
+                          "round 1) in windows of 1, not 5 × 30 in windows of 10"}
 
 
-def test_a_slow_arm_is_cut_to_its_time_budget(monkeypatch):
-    # 0.5 s per step, 20 s: round 0 (warm-up + two windows, 15 s) and two windows of round 1 (10 s) always, the
-    # least that measures a speed; then two windows while they fit: none.
-    ran, rec = _fake_clock_rounds(monkeypatch, 0.5, 20.0)
-    assert ran == [30, 20] and rec == {"budget_s": 20.0, "steps_measured": 50, "rounds_run": 2, "cut_short": True}
-    # 0.1 s per step: round 0 costs 3 s; 17 s left over 5 rounds is 34 steps a round, cut to 30: every round.
-    ran, rec = _fake_clock_rounds(monkeypatch, 0.1, 20.0)
-    assert ran == [30] * 6 and not rec["cut_short"]
-    # 0.2 s per step: round 0 costs 6 s; 14 s over 5 rounds is 14 steps a round, below two windows: rounds of two
-    # windows while the budget holds them (4 s each: three), then it stops, cut short.
-    ran, rec = _fake_clock_rounds(monkeypatch, 0.2, 20.0)
-    assert ran == [30, 20, 20, 20] and rec["cut_short"] and rec["rounds_run"] == 4
+def test_a_budget_spreads_what_is_left_over_every_round_in_smaller_windows(monkeypatch):
+    # 1 s a step: first call 2 s; round 0 takes at most half of what two steps for each of the 5 rounds leave free
+    # (4 of its 30 steps); then the 14 s left are 5 rounds in windows of one step, each the steps that fit spread
+    # over the rounds left, and the arm ends on its budget exactly.
+    clock = [0.0]
+    sizes, budgets = _budgets(clock, ["bf16"], 20.0)
+    arm = _Clocked(clock, 1.0)
+    measured = measure({"bf16": arm}, sizes, budgets=budgets)
+    rec = measured.budgets["bf16"]
+    assert arm.calls == [(2, 1), (4, 10), (2, 1)] + [(3, 1)] * 4
+    assert measured.rounds["bf16"] == [1.0] * 5 and rec["round_steps"] == [2, 3, 3, 3, 3] and rec["window"] == 1
+    assert clock[0] == rec["seconds"] == 20.0
+    assert rec["cut"] == {"warm-up": "4 of 30 steps",
+                          "rounds": "5 of 5 rounds, 14 steps in windows of 1, not 5 × 30 in windows of 10"}
+    # Without shrinking windows (the overhead check: its loops' cost comes every 10 steps), round 0 leaves room for
+    # one round of two whole windows instead, and the rounds are fewer: 30 s, 2 for the first call, 4 of round 0,
+    # then one round of two windows of 10.
+    clock = [0.0]
+    sizes, budgets = _budgets(clock, ["bare"], 30.0, shrink=False, steps=20, warmup_steps=0)
+    measured = measure({"bare": _Clocked(clock, 1.0)}, sizes, budgets=budgets)
+    rec = measured.budgets["bare"]
+    assert rec["window"] == 10 and rec["warmup_steps_run"] == 4 and rec["round_steps"] == [20] and clock[0] == 26.0
+    assert rec["cut"]["rounds"] == "1 of 5 rounds, 20 steps in windows of 10, not 5 × 20 in windows of 10"
+    # The reserve (steps' worth kept for what runs after the rounds: the bench's FLOP count) is left over.
+    clock = [0.0]
+    sizes, budgets = _budgets(clock, ["bf16"], 20.0, reserve=2.0)
+    measure({"bf16": _Clocked(clock, 1.0)}, sizes, budgets=budgets)
+    assert 18.0 <= clock[0] <= 20.0 - 2.0
 
 
-def test_without_a_budget_every_round_runs_in_full(monkeypatch):
-    ran, rec = _fake_clock_rounds(monkeypatch, 5.0, None)  # the GPU profile: whatever it costs
-    assert ran == [30] * 6 and not rec["cut_short"]
+def test_a_first_call_that_compiles_does_not_make_a_fast_arm_look_slow():
+    # The first call carries a 12 s compile in its first window: 6 s a step over the call, and one step would fit
+    # the 8 s left. Its second window says what a step costs (10 ms), and the arm runs round 0 and every round in
+    # full.
+    clock = [0.0]
+    sizes, budgets = _budgets(clock, ["fp32"], 20.0)
+    arm = _Clocked(clock, 0.01, once=12.0)
+    measured = measure({"fp32": arm}, sizes, budgets=budgets)
+    assert arm.calls == [(2, 1), (30, 10)] + [(30, 10)] * 5
+    assert measured.rounds["fp32"] == [100.0] * 5 and not measured.budgets["fp32"]["cut_short"]
+
+
+def test_without_a_budget_every_phase_runs_in_full():
+    clock = [0.0]
+    sizes, budgets = _budgets(clock, ["fp16"], None)
+    arm = _Clocked(clock, 5.0)  # the GPU profile: whatever it costs
+    measured = measure({"fp16": arm}, sizes, budgets=budgets)
+    assert arm.calls == [(2, 1), (30, 10)] + [(30, 10)] * 5 and not measured.budgets["fp16"]["cut_short"]
+
+
+def test_rounds_are_added_while_undecided_until_a_budget_ends():
+    """The overhead check's pair: a round more for both while ``more`` asks, until one loop's budget cannot fit
+    one (both or neither: ratios pair the loops round by round), or the most rounds asked for."""
+    clock = [0.0]
+    sizes, budgets = _budgets(clock, ["bare", "pipeline"], 20.0, rounds=2, steps=20, window=5, warmup_steps=0)
+    runners = {"bare": _Clocked(clock, 0.1), "pipeline": _Clocked(clock, 0.2)}
+    measured = measure(runners, sizes, budgets=budgets, more=lambda rounds: True, most_rounds=50)
+    # pipeline: 0.4 s first call, 2 s round 0, 4 s a round: 2 planned + 2 more (18.4 s); 1.6 s left cannot hold two
+    # windows (2 s), so the pair stops, bare with budget to spare.
+    assert [len(v) for v in measured.rounds.values()] == [4, 4]
+    rec = measured.budgets["pipeline"]
+    assert rec["more_rounds"] == 2 and rec["round_steps"] == [20] * 4 and not rec["cut_short"]
+    assert rec["seconds"] == pytest.approx(18.4) and measured.budgets["bare"]["seconds"] < 10
+    clock = [0.0]
+    sizes, budgets = _budgets(clock, ["bare", "pipeline"], None, rounds=2, steps=20, window=5, warmup_steps=0)
+    runners = {"bare": _Clocked(clock, 0.1), "pipeline": _Clocked(clock, 0.2)}
+    measured = measure(runners, sizes, budgets=budgets, more=lambda rounds: len(rounds["bare"]) < 3, most_rounds=50)
+    assert [len(v) for v in measured.rounds.values()] == [3, 3]  # decided after a round more
+    measured = measure(runners, sizes, more=lambda rounds: True, most_rounds=4)
+    assert [len(v) for v in measured.rounds.values()] == [4, 4]  # no budget: the most rounds asked for
 
 
 def test_sizes_that_cannot_measure_are_refused_before_anything_runs():
@@ -201,11 +270,11 @@ def test_a_neighbours_load_moves_the_interleaved_ratio_little_and_the_separate_o
     finally:
         hog.stop()
     a, b = timers["A"], timers["B"]
-    quiet_a = float(np.median([a.round(STEPS) for _ in range(3)]))
+    quiet_a = float(np.median([fastest_after_first(a.round(STEPS, 10)) for _ in range(3)]))
     hog = Hog()
     hog.start()
     try:
-        loaded_b = float(np.median([b.round(STEPS) for _ in range(3)]))
+        loaded_b = float(np.median([fastest_after_first(b.round(STEPS, 10)) for _ in range(3)]))
     finally:
         hog.stop()
     separate = loaded_b / quiet_a

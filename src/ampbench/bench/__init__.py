@@ -7,6 +7,8 @@ fastest timing window (device synchronisation at window edges), ratios as the me
 interval. It prints a table, writes JSON, and exits non-zero only on an error — never because a number is slow.
 
 - ``config``: what to measure (``BenchConfig``), torch-free.
-- ``loop``: the measuring (imports torch): the harness over every arm, the bare loop, logging, FLOPs, state bytes.
+- ``loop``: the measuring (imports torch): the harness over every arm, the bare loop, FLOPs, state bytes.
+- ``overhead``: the goal lines: the pipeline's loop against the bare loop and the logging share, each with its
+  interval and a verdict from it (within, above, undecided), rounds added until it decides or the budget ends.
 - ``cli``: the command line (every option checked before anything runs) and the table.
 """

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ampbench.bench.config import BenchConfig
+from ampbench.bench.config import OVERHEAD_MOST_ROUNDS, BenchConfig
 from ampbench.config.arms import NAMES
 from ampbench.config.params import MODELS
 from ampbench.config.rules import size_problem
@@ -37,27 +37,15 @@ def table(result: dict[str, Any]) -> str:
     fp = result["fingerprint"]
     c = result["config"]
     lines = [f"ampbench bench — {fp['device_name']}, torch {fp['torch_version']}, {result['date']}",
-             f"model {c['model']} on {_inputs(c)}, batch {c['batch_size']}, "
-             f"a warm-up round, then {c['rounds']} interleaved rounds × {c['steps']} steps, windows of {c['window']} "
-             f"steps (a round's fastest after its first), warm-up {c['warmup_steps']} steps", "",
-             "Loop overhead (bare loop ÷ pipeline loop, samples/s: the median over rounds, with its interval):"]
+             f"model {c['model']} on {_inputs(c)}, batch {c['batch_size']}, two steps first, a warm-up round, then "
+             f"{c['rounds']} interleaved rounds × {c['steps']} steps, windows of {c['window']} steps (a round's "
+             f"fastest after its first), warm-up {c['warmup_steps']} steps"
+             + (f", at most {c['arm_budget']:g} s per arm" if c.get("arm_budget") else ""), "",
+             "Loop overhead (bare loop ÷ pipeline loop, samples/s: the median over rounds, with its interval; within "
+             "or above the goal only when the whole interval is):"]
     for arm, o in result["loop_overhead"].items():
-        if "skipped" in o:
-            lines.append(f"  {arm:14s} skipped: {o['skipped']}")
-        else:
-            verdict = "OK" if o["meets_goal"] else "ABOVE GOAL"
-            if o["ratio"] is None:
-                lines.append(f"  {arm:14s} no timing window past the warm-up in any round: no ratio")
-                continue
-            low, high = o["ratio_ci"]
-            lines.append(f"  {arm:14s} bare {o['bare_samples_per_s']:10,.0f}/s  "
-                         f"pipeline {o['pipeline_samples_per_s']:10,.0f}/s  ratio {o['ratio']:.3f} "
-                         f"[{low:.3f}, {high:.3f}] (goal ≤ {o['goal']:.2f})  {verdict}")
-    lg = result["logging"]
-    if lg["share"] is not None:
-        lines.append(f"Logging: {lg['seconds'] * 1000:.1f} ms of {lg['train_seconds']:.2f} s training = "
-                     f"{100 * lg['share']:.2f}% ({lg['backend']}; goal ≤ {100 * lg['goal']:.0f}%: "
-                     f"{'OK' if lg['meets_goal'] else 'ABOVE GOAL'})")
+        lines.append(f"  {arm:14s} " + _overhead_text(o))
+    lines.append(_logging_text(result["logging"]))
     lines += ["", f"{'arm':14s} {'samples/s':>12s} {'× fp32':>8s} {'[interval]':>14s} {'× tf32':>8s} {'peak MB':>9s} "
               f"{'mem × fp32':>10s} {'state B/param':>13s} {'16-bit FLOPs':>12s} {'TFLOP/s':>9s} {'of peak':>8s}"]
     for arm, a in result["arms"].items():
@@ -80,29 +68,68 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _overhead_text(o: dict[str, Any]) -> str:
+    """One overhead arm's line: both loops' speeds, the ratio with its interval, the goal and the verdict."""
+    if "skipped" in o:
+        return f"skipped: {o['skipped']}"
+    if o["ratio"] is None:
+        return "no round in which both loops closed a timing window past its first: no ratio (undecided)"
+    low, high = o["ratio_ci"]
+    return (f"bare {o['bare_samples_per_s']:10,.0f}/s  pipeline {o['pipeline_samples_per_s']:10,.0f}/s  "
+            f"ratio {o['ratio']:.3f} [{low:.3f}, {high:.3f}] (goal ≤ {o['goal']:.2f}): {o['verdict_text']}")
+
+
+def _logging_text(lg: dict[str, Any]) -> str:
+    """The logging share's line: the median epoch's share with its interval, the goal and the verdict."""
+    if lg["share"] is None:
+        return f"Logging ({lg['backend']}): no epoch measured, so no share (undecided)"
+    low, high = lg["share_ci"]
+    return (f"Logging: {lg['seconds'] * 1000:.1f} ms of {lg['train_seconds']:.2f} s training; an epoch's share "
+            f"{100 * lg['share']:.2f}% [{100 * low:.2f}%, {100 * high:.2f}%] (the median over epochs, with its "
+            f"interval; {lg['backend']}; goal ≤ {100 * lg['goal']:.0f}%): {lg['verdict_text']}")
+
+
 def _cut_short(result: dict[str, Any]) -> list[str]:
-    """A line per arm whose time budget stopped it before every round ran in full."""
-    c = result["config"]
+    """A line per arm (and per loop of the overhead check) whose budget cut a phase: which phases, what each got."""
     out = []
-    for phase, rows in (("throughput", result["arms"]), ("loop overhead", result["loop_overhead"])):
-        for arm, row in rows.items():
-            if row.get("cut_short"):
-                n, first = row["rounds_run"], c["warmup_steps"] + 2 * c["window"]
-                out.append(f"{arm} ({phase}): cut short by its {row['budget_s']:g} s budget: {row['steps_measured']} "
-                           f"steps in {n} round{'s' * (n != 1)}, not {first} + "
-                           f"{c['rounds']} × {c['steps']}" + ("; no timing window past the warm-up, so no speed"
-                                                               if row.get("samples_per_s", 1) is None else "") +
-                           " (--arm-budget none measures every round in full)")
+    for arm, row in result["arms"].items():
+        if row.get("cut_short"):
+            out.append(_cut_line(f"{arm} (throughput)", row))
+    for arm, row in result["loop_overhead"].items():
+        for loop, rec in (row.get("budgets") or {}).items():
+            if rec["cut_short"]:
+                out.append(_cut_line(f"{arm} (loop overhead, {loop} loop)", rec))
+    if out:
+        out.append("(--arm-budget none runs every phase in full)")
     return out
 
 
+def _cut_line(what: str, rec: dict[str, Any]) -> str:
+    """``what`` was cut by its budget: the seconds it spent, and per phase cut what that phase got."""
+    cut = "; ".join(f"{phase}: {got}" for phase, got in rec["cut"].items())
+    return f"{what}: cut by its {rec['budget_s']:g} s budget ({rec['seconds']:.1f} s spent in all): {cut}"
+
+
 def _budget(text: str) -> float | None:
-    if text.lower() == "none":
+    """``--arm-budget``: seconds (finite, > 0) or 'none'."""
+    if text.strip().lower() == "none":
         return None
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds or 'none', got {text}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds or \"none\"") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive, finite number of seconds (or \"none\": "
+                                         "no budget)")
     return value
+
+
+def _whole(text: str) -> int:
+    """A count option: a whole number (its bounds are ``_check``'s)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,23 +138,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"], help="device to measure on")
     p.add_argument("--task", default=d.task, choices=["classification", "language_model"],
                    help="what the model learns: images → classes, or the next token (model gpt unless --model)")
-    p.add_argument("--block-size", type=int, default=d.block_size, help="language_model: tokens per sequence")
+    p.add_argument("--block-size", type=_whole, default=d.block_size, help="language_model: tokens per sequence")
     p.add_argument("--model", default=d.model,
                    help=f"model to train: {' | '.join(MODELS)} | torchvision.<name> | package.module:callable")
-    p.add_argument("--width", type=int, default=d.width, help="width of a built-in model (see train.width)")
-    p.add_argument("--image-size", type=int, default=d.image_size, help="synthetic image height = width")
-    p.add_argument("--channels", type=int, default=d.channels, help="image channels")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per step")
-    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps per round")
-    p.add_argument("--rounds", type=int, default=d.rounds, help="interleaved A/B rounds")
-    p.add_argument("--window", type=int, default=d.window, help="steps per timing window")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="steps excluded from timing")
+    p.add_argument("--width", type=_whole, default=d.width, help="width of a built-in model (see train.width)")
+    p.add_argument("--image-size", type=_whole, default=d.image_size, help="synthetic image height = width")
+    p.add_argument("--channels", type=_whole, default=d.channels, help="image channels")
+    p.add_argument("--batch-size", type=_whole, default=d.batch_size, help="samples per step")
+    p.add_argument("--steps", type=_whole, default=d.steps, help="optimizer steps per round")
+    p.add_argument("--rounds", type=_whole, default=d.rounds,
+                   help=f"interleaved A/B rounds (the overhead check adds rounds while its verdict is undecided, up "
+                        f"to {OVERHEAD_MOST_ROUNDS}× this, within its budget)")
+    p.add_argument("--window", type=_whole, default=d.window, help="steps per timing window")
+    p.add_argument("--warmup-steps", type=_whole, default=d.warmup_steps, help="steps excluded from timing")
     p.add_argument("--arms", default=",".join(d.arms), help=f"comma-separated arms to compare ({', '.join(NAMES)})")
     p.add_argument("--overhead-arms", default=",".join(d.overhead_arms),
                    help="arms whose pipeline loop is timed against the bare loop (GPU: all four)")
     p.add_argument("--arm-budget", type=_budget, default=d.arm_budget, metavar="SECONDS",
-                   help="wall seconds each arm may spend per phase: a first round of warm-up and one window, then "
-                        "the rounds that fit (an arm cut short says so in the table); 'none': every round in full")
+                   help="wall seconds each arm may spend on everything it runs (building, its first two steps, the "
+                        "warm-up round, the rounds, the FLOP count, memory; each loop of the overhead check its own): "
+                        "past its first two steps a phase runs only the steps that fit, and the table names each "
+                        "phase cut; 'none': every phase in full")
     p.add_argument("--channels-last", action="store_true", help="channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--sync-debug", action="store_true",

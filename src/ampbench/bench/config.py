@@ -12,6 +12,9 @@ from ampbench.speed.budget import Sizes
 
 OVERHEAD_GOAL = 1.03  # pipeline step time / bare loop step time
 LOGGING_GOAL = 0.02  # logging time / training time
+# The overhead check adds rounds while its verdict (or the logging share's) is undecided: up to this many times
+# --rounds in all, or until a loop's budget ends (without a budget, this bounds it).
+OVERHEAD_MOST_ROUNDS = 4
 
 
 @dataclass
@@ -35,9 +38,9 @@ class BenchConfig:
     compile: bool = False
     sync_debug: bool = False  # CUDA only: steady-state steps under torch.cuda.set_sync_debug_mode("error")
     mlflow: bool = True  # time real MLflow logging (SQLite in a temp dir) when mlflow is installed
-    # Wall seconds each arm may spend per phase (throughput; the bare + pipeline pair of the overhead check gets
-    # twice this): a first round of warm-up + one window, then the rounds the rest fits. None: every round in full.
-    # On CPU fp16 autocast can run at 1% of fp32 (AVX512-FP16 machines): without a budget it takes the whole bench.
+    # Wall seconds each arm may spend on everything it runs (building, its first two steps, warm-up, rounds, FLOP
+    # count, memory; each loop of the overhead check has its own): speed/budget.py's rule. None: every phase in
+    # full. On CPU fp16 autocast can run at 1% of fp32 (AVX512-FP16 machines): without a budget it takes the bench.
     arm_budget: float | None = 20.0
 
     def sizes(self) -> Sizes:

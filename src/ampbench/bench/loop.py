@@ -1,7 +1,8 @@
 """``ampbench bench``'s measuring (imports torch): the speed harness (``speed/harness.py``, the one the speed stage
-uses) over every arm on synthetic data, and the bench's own rows: the pipeline's loop against the tutorial's bare
-loop, the time spent logging, the FLOPs by dtype and the bytes of state per parameter, as ``config.BenchConfig``
-asks. Logs to MLflow only through ``tracking``.
+uses) over every arm on synthetic data, each arm on its time budget, and the bench's own rows: the FLOPs by dtype,
+the bytes of state per parameter, and the two loops the overhead check (``overhead.py``) times against each other —
+the pipeline's and the tutorial's bare loop — as ``config.BenchConfig`` asks. Logs to MLflow only through
+``tracking``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from ampbench import tracking
-from ampbench.bench.config import LOGGING_GOAL, OVERHEAD_GOAL, BenchConfig
+from ampbench.bench import overhead
+from ampbench.bench.config import BenchConfig
 from ampbench.config.arms import BASELINE, TF32_REFERENCE
 from ampbench.config.params import TrainParams
 from ampbench.data.splits import Split
@@ -29,10 +31,12 @@ from ampbench.models.builtins import unwrap
 from ampbench.models.factory import ModelSpec, build_for
 from ampbench.precision.optimizers import state_bytes
 from ampbench.precision.policy import resolve_device, resolve_policy
+from ampbench.runtime import memory
 from ampbench.runtime.hardware import fingerprint, peak_tflops
 from ampbench.speed import harness
-from ampbench.speed.harness import LoopArm, fastest_after_first
-from ampbench.speed.ratios import median_value, ratio, summarise
+from ampbench.speed.budget import Budget
+from ampbench.speed.harness import LoopArm
+from ampbench.speed.ratios import summarise
 from ampbench.tasks.resolve import resolve_task
 from ampbench.training.flops import count_step_flops
 from ampbench.training.instruments import WindowTimer
@@ -102,11 +106,13 @@ class BareArm:
         st = init_state(self.model, self.policy, _loop_cfg(cfg), device)  # same optimizer/scaler settings
         self.optimizer, self.scaler, self.gen = st.optimizer, st.scaler, st.generator
         self.x = self.policy.cast_input(train.x)
-        self.timer = WindowTimer(device, cfg.window, cfg.warmup_steps)  # the same windows as the pipeline's loop
+        # Windows as the pipeline's loop makes them in the harness: the round's, none left out (round 0 warms up).
+        self.timer = WindowTimer(device, cfg.window, 0)
         self.steps = 0
 
-    def round(self, steps: int) -> float | None:
+    def round(self, steps: int, window: int) -> list[float]:
         self.policy.apply_backend_flags()
+        self.timer.window = window
         bs = self.cfg.batch_size
         n = min(len(self.train), steps * bs)
         first = len(self.timer.windows)
@@ -115,7 +121,7 @@ class BareArm:
             self.timer.start()
             for start in range(0, n, bs):
                 self._step(perm[start:start + bs])
-        return fastest_after_first(self.timer.windows[first:])
+        return self.timer.windows[first:]
 
     def _step(self, idx: torch.Tensor) -> None:
         x, y = self.x[idx], self.train.y[idx]
@@ -131,12 +137,15 @@ class BareArm:
         self.timer.tick(len(idx), self.steps)
 
 
+FLOP_SAMPLES = 16  # the FLOP count's batch: FLOPs per sample and their dtypes do not depend on the batch size
+
+
 def _flop_rate(runner: LoopArm, train: Split, task, device_name: str,
                samples_per_s: float | None) -> dict[str, Any]:
     """The arm's counted FLOPs per sample (one step, by dtype), its 16-bit share, achieved TFLOP/s and, on a GPU of
     ``hardware.GPU_PEAK_TFLOPS``, the share of its dense peak for the dtype most FLOPs ran in."""
     runner.policy.apply_backend_flags()
-    x, y = runner.policy.cast_input(train.x[:16]), train.y[:16]
+    x, y = runner.policy.cast_input(train.x[:FLOP_SAMPLES]), train.y[:FLOP_SAMPLES]
     counted = count_step_flops(unwrap(runner.state.model), runner.policy, x, y, task)
     out = {"flops_per_sample": counted["per_sample"], "low_precision_flop_share": counted["low_precision_share"],
            "flop_dtype": counted["dominant_dtype"]}
@@ -163,7 +172,7 @@ def _logger(cfg: BenchConfig, workdir: Path, stack: contextlib.ExitStack) -> tup
     def log_json(row: dict, steps: list) -> None:
         sink.write(json.dumps({**row, "steps": steps}) + "\n")
 
-    return log_json, "json lines (mlflow not installed)"
+    return log_json, "json lines (" + ("mlflow not installed)" if cfg.mlflow else "--no-mlflow)")
 
 
 def measure(cfg: BenchConfig) -> dict[str, Any]:
@@ -174,84 +183,52 @@ def measure(cfg: BenchConfig) -> dict[str, Any]:
     result: dict[str, Any] = {"config": asdict(cfg), "fingerprint": fingerprint(device), "date": time.strftime("%F")}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         log_epoch, backend = _logger(cfg, Path(tmp), stack)
-        result["loop_overhead"] = _loop_overhead(cfg, device, train, val, log_epoch)
-    timed = [o for o in result["loop_overhead"].values() if "train_seconds" in o]
-    log_s, train_s = sum(o["logging_seconds"] for o in timed), sum(o["train_seconds"] for o in timed)
-    share = log_s / train_s if train_s else None
-    result["logging"] = {"backend": backend, "seconds": log_s, "train_seconds": train_s, "share": share,
-                         "goal": LOGGING_GOAL, "meets_goal": share is not None and share <= LOGGING_GOAL}
+        logged: list[overhead.Logged] = []
+        result["loop_overhead"] = {arm: overhead.loop_overhead(
+            cfg, lambda a=arm: BareArm(cfg, a, device, train),
+            lambda hook, a=arm: pipeline_arm(cfg, a, device, train, val, hook), log_epoch, logged)
+            for arm in cfg.overhead_arms}
+    result["logging"] = {"backend": backend, **overhead.logging_share(logged)}
     result["arms"] = _arm_ratios(cfg, device, train, val)
-    if device.type == "cpu":
-        result["memory_note"] = ("CPU: peak RSS is the process's high-water mark and never goes down, so it "
-                                 "cannot be attributed to one arm; peak memory and its ratios are given on CUDA only")
+    if not memory.per_arm(device.type):
+        result["memory_note"] = memory.why_not(device.type)
     return result
-
-
-class _Logged:
-    """The pipeline loop's per-epoch hook timed: the logging call's seconds against the epochs' training seconds."""
-
-    def __init__(self, log_epoch: Callable[[dict, list], None]):
-        self.log_epoch, self.logging_seconds, self.train_seconds = log_epoch, 0.0, 0.0
-
-    def __call__(self, record: EpochRecord, _state: TrainState) -> None:
-        self.train_seconds += record.epoch_seconds
-        t0 = time.perf_counter()
-        self.log_epoch(record.row(), record.steps)
-        self.logging_seconds += time.perf_counter() - t0
-
-
-def _loop_overhead(cfg: BenchConfig, device, train: Split, val: Split, log_epoch) -> dict[str, Any]:
-    """Per overhead arm, the bare loop and the pipeline's loop through the harness (interleaved, alternating):
-    the median over rounds of bare ÷ pipeline samples/s, with its interval."""
-    overhead = {}
-    for arm in cfg.overhead_arms:
-        logged = _Logged(log_epoch)
-        try:
-            runners = {"bare": BareArm(cfg, arm, device, train),
-                       "pipeline": pipeline_arm(cfg, arm, device, train, val, logged)}
-        except ArmUnavailable as exc:
-            overhead[arm] = {"skipped": str(exc)}
-            continue
-        measured = harness.measure(runners, cfg.sizes())
-        r = ratio(measured.rounds["bare"], measured.rounds["pipeline"])
-        budgets = measured.budgets
-        overhead[arm] = {"bare_samples_per_s": median_value(measured.rounds["bare"]),
-                         "pipeline_samples_per_s": median_value(measured.rounds["pipeline"]),
-                         "ratio": r and r.interval.median, "ratio_ci": r and [r.interval.low, r.interval.high],
-                         "goal": OVERHEAD_GOAL, "meets_goal": r is not None and r.interval.median <= OVERHEAD_GOAL,
-                         "rounds": [sum(v is not None for v in measured.rounds[n]) for n in ("bare", "pipeline")],
-                         "logging_seconds": logged.logging_seconds, "train_seconds": logged.train_seconds,
-                         **budgets["pipeline"], "cut_short": budgets["bare"]["cut_short"] or
-                         budgets["pipeline"]["cut_short"]}
-    return overhead
 
 
 def _arm_ratios(cfg: BenchConfig, device, train: Split, val: Split) -> dict[str, Any]:
     """Every arm through the harness: the ratios to the baseline and tf32 with their intervals, then FLOPs, bytes
-    of state and (CUDA) peak memory with each arm alone."""
+    of state and (CUDA) peak memory with each arm alone; every phase, building included, on the arm's budget."""
     arms: dict[str, Any] = {}
     runners: dict[str, LoopArm] = {}
+    sizes = cfg.sizes()
+    # The FLOP count's share of a step (its batch over the bench's, twice: it counts at the dispatcher) is kept
+    # out of the rounds, so that the count still fits when the rounds have spent the rest.
+    budgets = {arm: Budget(sizes, reserve=2 * FLOP_SAMPLES / cfg.batch_size) for arm in cfg.arms}
     for arm in cfg.arms:
         try:
-            runners[arm] = pipeline_arm(cfg, arm, device, train, val)
+            runners[arm] = budgets[arm].charge("build", lambda a=arm: pipeline_arm(cfg, a, device, train, val))
         except ArmUnavailable as exc:
             arms[arm] = {"skipped": str(exc)}
-    measured = harness.measure(runners, cfg.sizes())
+            del budgets[arm]
+    measured = harness.measure(runners, sizes, budgets=budgets)
     for arm, row in summarise(measured.rounds)["arms"].items():
         itself = {"speedup_vs_" + arm: 1.0} if arm in (BASELINE, TF32_REFERENCE) and row["samples_per_s"] else {}
-        arms[arm] = {**row, **itself, **measured.budgets[arm]}  # an arm against itself: the table's 1.00
+        arms[arm] = {**row, **itself}  # an arm against itself: the table's 1.00
     device_name = fingerprint(device)["device_name"]
     for name in list(runners):  # by name: no loop variable keeps a runner alive after runners.clear()
-        arms[name].update(_flop_rate(runners[name], train, _task(cfg), device_name, arms[name]["samples_per_s"]))
+        arms[name].update(budgets[name].charge("flop count", lambda n=name: _flop_rate(
+            runners[n], train, _task(cfg), device_name, arms[n]["samples_per_s"])))
         st = runners[name].state  # weights, gradients and optimizer state, counted (the pure arms' point)
         arms[name]["state_bytes_per_parameter"] = state_bytes(st.model, st.optimizer)["per_parameter"]
     runners.clear()  # throughput needed every arm alive (interleaved rounds); memory needs each one alone
     peaks = harness.isolated_memory(lambda arm: pipeline_arm(cfg, arm, device, train, val), list(measured.rounds),
-                                    device, 2 * cfg.window)
+                                    device, 2 * cfg.window, budgets)
     for arm, peak in peaks.items():
         arms[arm]["peak_memory_mb"] = peak
         for ref in (BASELINE, TF32_REFERENCE):
             base = peaks.get(ref)
             if peak and base:
                 arms[arm][f"memory_vs_{ref}"] = peak / base
+    for arm, b in budgets.items():  # after the FLOP count and the memory pass: every phase in the record
+        arms[arm].update(b.record())
     return dict(sorted(arms.items(), key=lambda kv: cfg.arms.index(kv[0])))

@@ -253,8 +253,9 @@ class SpeedParams(_Section):
     warmup_steps: Annotated[int, knob("steps per arm before any window counts (allocator, autotuning, caches)",
                                       ge=0, le=10**6)] = 10
     seconds_per_arm: Annotated[float | None, knob(
-        "wall-time budget per arm for all rounds: the warm-up round whatever it costs, then the steps that fit "
-        "(null: every round in full; fp16 autocast on some CPUs runs at 1% of fp32)", gt=0, le=10**6)] = 10.0
+        "wall-time budget per arm for all it runs: two steps first whatever they cost, then the warm-up and the "
+        "rounds as far as they fit (null: every round in full; fp16 autocast on some CPUs runs at 1% of fp32)", gt=0,
+        le=10**6)] = 10.0
 
 
 @dataclass(frozen=True)

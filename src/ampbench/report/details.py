@@ -12,6 +12,7 @@ from ampbench.config.records import ArmSummary
 from ampbench.report.advice import input_bound
 from ampbench.report.context import RunContext
 from ampbench.report.plans import plan_lines
+from ampbench.runtime import memory
 from ampbench.speed.ratios import rounds_text
 from ampbench.verdict.comparison import ArmReport
 from ampbench.verdict.quality import text as quality_text
@@ -202,13 +203,15 @@ def throughput(arms: list[ArmReport], comparison: dict[str, dict]) -> list[str]:
         during = (f" (during training {c['train_samples_per_s']:,.0f}, "
                   f"{fmt(c.get('train_speedup_vs_fp32'), '.2f', '×')} fp32)" if interleaved else "")
         lines.append(f"- **{a.arm}**: {fmt(c.get('samples_per_s'), ',.0f')} samples/s{during}, peak memory "
-                     f"{c['peak_memory_mb']:,.0f} MB" + (f", input {path}" if path else "")
+                     f"{fmt(c.get('peak_memory_mb'), ',.0f', ' MB')}" + (f", input {path}" if path else "")
                      + (f", waiting for batches {100 * wait:.1f}% of the time" if wait is not None else ""))
         if c.get("speed_unstable"):
             lines.append(f"- **{a.arm}'s speed is unstable**: its interval over rounds is wider than ±10% of its "
                          f"median; {rounds_text(a.speed.disagreeing_rounds, len(a.speed.ratios))} (timing noise "
                          "from other load, frequency scaling or a shared host): more speed.rounds, or a quieter "
                          "machine, narrow it")
+    kinds = {a.trained.hardware.device_type for a in arms if a.ran}
+    lines += [f"- Peak memory n/a: {memory.why_not(kind)}." for kind in sorted(kinds) if not memory.per_arm(kind)]
     for arm in input_bound(comparison):
         share = comparison[arm]["input_wait_share"]
         lines.append(f"- **{arm} is input-bound**: it waited for batches {100 * share:.0f}% of its training time, so "

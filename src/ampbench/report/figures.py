@@ -44,17 +44,19 @@ def accuracy_delta_figure(arms: list[ArmReport], margin_pp: float):
 
 
 def speed_memory_figure(comparison: dict[str, dict]):
-    """Throughput and peak memory per arm, as ratios to fp32."""
+    """Throughput and peak memory per arm, as ratios to fp32; a ratio that has no value (peak memory on a CPU,
+    which cannot be attributed to one arm: ``runtime.memory``) is written n/a, not drawn."""
     plt = _pyplot()
     arms = [a for a, c in comparison.items() if c["status"] == "ok"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, key, title in ((axes[0], "speedup_vs_fp32", "throughput × fp32"),
                            (axes[1], "memory_vs_fp32", "peak memory × fp32")):
-        values = [comparison[a].get(key) or 0 for a in arms]
-        ax.bar(arms, values, color=["tab:grey" if a == BASELINE else "tab:blue" for a in arms])
+        values = [comparison[a].get(key) for a in arms]
+        ax.bar(arms, [v or 0 for v in values], color=["tab:grey" if a == BASELINE else "tab:blue" for a in arms])
         ax.axhline(1, color="black", lw=0.8)
         for i, v in enumerate(values):
-            ax.annotate(f"{v:.2f}×", (i, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+            ax.annotate("n/a" if v is None else f"{v:.2f}×", (i, v or 0), textcoords="offset points", xytext=(0, 3),
+                        ha="center", fontsize=8)
         ax.set_title(title)
         ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()

@@ -3,6 +3,8 @@
 - ``distributed``: torchrun/DDP: the process group, each rank's slice of a batch, all-reduce.
 - ``determinism``: seeding and the deterministic-algorithm switches.
 - ``hardware``: the device fingerprint, peak memory, a GPU's dense peak TFLOP/s by dtype.
+- ``memory``: whether a device's peak memory can be told apart by arm (CUDA only): the speed harness, the bench and
+  the report follow that one rule (torch-free).
 - ``provenance``: the code hash and git/DVC revision tags every run records.
 - ``processes``: process identity (for closing dead processes' runs), one-shot signals, ``dvc`` watching.
 - ``files``: atomic writes, reports published together, JSON reads that name the bad file.

@@ -1,5 +1,6 @@
 """The harness's numbers, torch-free: an arm's ratio to a reference round by round, the median over rounds with an
-order-statistic interval, *unstable* when that is wide, and which rounds disagreed — and the words for them. The
+order-statistic interval, *unstable* when that is wide, which rounds disagreed, a goal's verdict from the interval
+— and the words for them. The
 speed stage's table (``summarise``, reports/interleaved.json) and the bench's ratios are both made here;
 ``harness.py`` measures the rounds.
 """
@@ -15,6 +16,10 @@ from ampbench.config.arms import BASELINE, TF32_REFERENCE
 
 UNSTABLE_SPREAD = 0.2  # an interval wider than this share of its median (±10%) is called unstable
 DISAGREE_SHARE = 0.1  # a round whose ratio is this far from the median is named as one that disagreed
+# The least coverage an interval needs before it may decide a goal: fewer values give only their range, which covers
+# the median with 50% (2 values) to 87.5% (4): 5 values at least (93.75%).
+DECIDE_COVERAGE = 0.9
+WITHIN, ABOVE, UNDECIDED = "within", "above", "undecided"
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,28 @@ class Ratio:
     def disagreeing_rounds(self) -> list[int]:
         """The rounds whose ratio is more than DISAGREE_SHARE from the median."""
         return [r for r, x in self.by_round.items() if abs(x / self.interval.median - 1) > DISAGREE_SHARE]
+
+
+def goal_verdict(interval: Interval | None, goal: float) -> str:
+    """An upper goal's verdict from an interval: *within* when all of it is ≤ ``goal``, *above* when all of it is
+    above, else *undecided* — also without an interval, or with one that covers less than DECIDE_COVERAGE."""
+    if interval is None or interval.coverage < DECIDE_COVERAGE:
+        return UNDECIDED
+    if interval.high <= goal:
+        return WITHIN
+    return ABOVE if interval.low > goal else UNDECIDED
+
+
+def verdict_text(verdict: str, interval: Interval | None, goal: str, n: int, unit: str = "round") -> str:
+    """``goal_verdict``'s answer in words, with why an undecided one is undecided (``n``: the ``unit``s it had)."""
+    units = f"{n} {unit}{'s' * (n != 1)}"
+    if verdict != UNDECIDED:
+        return f"{verdict} (over {units})"
+    if interval is None:
+        return f"undecided: no {unit} measured"
+    if interval.coverage < DECIDE_COVERAGE:
+        return f"undecided: {units}, too few for a {100 * DECIDE_COVERAGE:.0f}% interval (5 at least)"
+    return f"undecided: the interval holds the goal ({goal}) after {units}"
 
 
 def ratio(values: list[float | None], reference: list[float | None]) -> Ratio | None:

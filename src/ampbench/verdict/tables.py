@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from ampbench.config.arms import BASELINE, TF32_REFERENCE
+from ampbench.runtime import memory
 from ampbench.verdict.comparison import ArmReport
 from ampbench.verdict.sequential import Looks
 from ampbench.verdict.stats import Margins, SeedNoise
@@ -111,8 +112,7 @@ def timing_row(r: ArmReport, base: ArmReport, tf32: ArmReport | None) -> dict[st
 
     Speed comes from the speed stage (``r.speed``: every arm in one process, interleaved, with an interval over
     rounds) when it ran; training-time throughput, each arm timed in its own process at its own time, stays as the
-    secondary ``train_*`` figures (and is all there is without the speed stage). Memory: each arm alone on CUDA;
-    on a CPU the training process's peak RSS."""
+    secondary ``train_*`` figures (and is all there is without the speed stage). Memory: ``peak_memory``."""
     t, flops, sp, q = r.trained, r.numerics.flops, r.speed, r.quality
     own = sp.samples_per_s if sp else t.samples_per_s
     ci = (sp.speedup_vs_fp32_ci if sp else None) or (None, None)
@@ -125,7 +125,7 @@ def timing_row(r: ArmReport, base: ArmReport, tf32: ArmReport | None) -> dict[st
         "speed_source": "interleaved" if sp else "training",
         "train_samples_per_s": round(t.samples_per_s, 1),
         "train_speedup_vs_fp32": _ratio(t.samples_per_s, base.trained.samples_per_s),
-        "peak_memory_mb": round(peak_memory(r), 1), "memory_vs_fp32": _ratio(peak_memory(r), peak_memory(base)),
+        "peak_memory_mb": _round(peak_memory(r), 1), "memory_vs_fp32": _ratio(peak_memory(r), peak_memory(base)),
         "input_wait_share": _round(t.input_wait_share, 4),
         # Steps to fp32's quality × the speed stage's time per step, as a ratio to fp32's (quality.py).
         "time_to_fp32_quality_vs_fp32": _round(q.time_vs_fp32, 4) if q else None,
@@ -143,7 +143,11 @@ def timing_row(r: ArmReport, base: ArmReport, tf32: ArmReport | None) -> dict[st
 
 
 def peak_memory(r: ArmReport) -> float | None:
-    """The arm's peak memory: with only it alive (the speed stage, CUDA), else its training process's."""
+    """The arm's peak memory: with only it alive (the speed stage, CUDA), else its training process's; None where
+    a process's peak cannot be attributed to one arm (``runtime.memory.per_arm``, the bench's rule: a CPU's peak
+    RSS), so its ratios are None too and the report says n/a."""
+    if not memory.per_arm(r.trained.hardware.device_type):
+        return None
     return (r.speed.peak_memory_mb if r.speed else None) or r.trained.peak_memory_mb
 
 
