@@ -16,12 +16,12 @@ from pathlib import Path
 CHECKOUT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(CHECKOUT / "src"), str(CHECKOUT)]
 
-from ampbench.runtime import processes  # noqa: E402  (standard library only: before the imports that take time)
+from ampbench.runtime import processes, signals  # noqa: E402  (standard library only: before the imports that take time)
 
 # From here until the stage's body takes over (``stage``), a signal stops the stage with one line.
 for _sig in (signal.SIGINT, signal.SIGTERM):
     if signal.getsignal(_sig) is not signal.SIG_IGN:  # `nohup`, `cmd &`: the caller asked us to ignore it
-        signal.signal(_sig, processes.stopped_while_starting)
+        signal.signal(_sig, signals.stopped_while_starting)
 
 import click  # noqa: E402
 
@@ -92,6 +92,17 @@ def _restore_hint() -> str:
             "its cache)")
 
 
+def run(command) -> None:
+    """A stage script's entry point (``if __name__ == "__main__": run(main)``): the click command, standalone; an
+    interrupted stage's 130 is its exit status for sure (``signals.keep_status_at_exit``)."""
+    try:
+        command()
+    except SystemExit as exc:
+        if exc.code == 130:
+            signals.keep_status_at_exit(130)
+        raise
+
+
 def stage(fn):
     """Wrap a stage body: load and validate params first, and turn user errors into one line and exit 2."""
 
@@ -99,13 +110,13 @@ def stage(fn):
     def wrapper(*args, params_path: Path, debug: bool, **kwargs):
         # SIGTERM (a scheduler, DVC's watch in processes.py) unwinds like Ctrl-C, once: temporary files are removed,
         # runs closed as KILLED, completed outputs kept; signals after the first are ignored.
-        processes.handle_signals_once()
+        signals.handle_signals_once()
         owner = processes.dvc_ancestor()
         if owner is not None:
             processes.stop_when_gone(owner)
         try:
             result = fn(*args, params=load_params(params_path), **kwargs)
-            processes.settle()  # complete: a signal from here to the exit is said, and changes nothing
+            signals.settle()  # complete: a signal from here to the exit is said, and changes nothing
             return result
         except (AmpbenchError, OSError) as exc:  # OSError: unwritable folder, disk full, …: file and reason
             if debug:
@@ -115,7 +126,7 @@ def stage(fn):
         except KeyboardInterrupt as exc:  # an Interrupted says what is kept; any other, in general
             if not getattr(exc, "kept", None):
                 exc = Interrupted(exc.args[0] if exc.args else "SIGINT", "completed outputs are kept")
-            click.echo(f"[{processes.stage_label()}] {interrupted_line(exc)}", err=True)
+            click.echo(f"[{signals.stage_label()}] {interrupted_line(exc)}", err=True)
             sys.exit(130)
         except Exception as exc:  # noqa: BLE001  (an error in the user's model, data set or task code)
             where = None if debug else user_frame(exc)

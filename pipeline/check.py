@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from _common import CHECKOUT, debug_option, layout, params_option, project_root, stage
+from _common import CHECKOUT, debug_option, layout, params_option, project_root, run, stage
 
 
 @click.command()
@@ -44,4 +44,4 @@ def main(params, out_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -20,6 +20,7 @@ from _common import (
     layout,
     params_option,
     project_root,
+    run,
     run_tags,
     stage,
 )
@@ -45,4 +46,4 @@ def main(params, data_dir: Path, models_dir: Path, reports_dir: Path, speed_path
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from _common import CHECKOUT, debug_option, folder_option, layout, params_option, stage
+from _common import CHECKOUT, debug_option, folder_option, layout, params_option, run, stage
 
 
 @click.command()
@@ -33,4 +33,4 @@ def main(params, raw_dir: Path, out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

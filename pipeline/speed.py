@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from _common import data_option, debug_option, deterministic_cublas, layout, params_option, stage
+from _common import data_option, debug_option, deterministic_cublas, layout, params_option, run, stage
 
 
 @click.command()
@@ -23,16 +23,16 @@ from _common import data_option, debug_option, deterministic_cublas, layout, par
 def main(params, data_dir: Path, out_path: Path) -> None:
     """Time every arm of train.precisions, A B C, C B A, …, and each arm's peak memory alone (CUDA)."""
     from ampbench.runtime.files import atomic_write_json
-    from ampbench.stages.speed import run, summary_lines
+    from ampbench.stages import speed
 
     if params.train.deterministic:
         deterministic_cublas()
-    result = run(params, data_dir)
+    result = speed.run(params, data_dir)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_path, result)
-    for line in summary_lines(result):
+    for line in speed.summary_lines(result):
         click.echo(line)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -21,6 +21,7 @@ from _common import (
     params_option,
     project_root,
     relaunch_under_torchrun,
+    run,
     run_tags,
     stage,
 )
@@ -75,4 +76,4 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

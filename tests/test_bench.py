@@ -207,3 +207,29 @@ def test_a_budget_that_fits_nothing_still_measures_one_round_and_says_what_it_cu
     assert "(--arm-budget none runs every phase in full)" in printed
     with pytest.raises(SystemExit):
         main([*TINY, "--arm-budget", "0", "--json", str(out)])
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_bench_with_one_line_and_leaves_nothing(tmp_path, sig):
+    """SIGTERM or Ctrl-C while the bench measures: exit 130 within seconds, one line, no JSON, no scratch store."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import clean_env
+
+    out = tmp_path / "bench.json"
+    env = clean_env(TMPDIR=str(tmp_path))  # the scratch MLflow store's folder: nothing may be left in it
+    proc = subprocess.Popen([sys.executable, "-m", "ampbench.bench", "--arms", "fp32", "--overhead-arms", "fp32",
+                             "--rounds", "1000", "--arm-budget", "none", "--json", str(out)], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(tmp_path.glob("tmp*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)  # its scratch folder exists: torch is imported and it measures
+    time.sleep(1.0)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [f"interrupted ({sig}): nothing was written ({out} is as it was)"], err
+    assert not out.exists() and not list(tmp_path.glob("tmp*"))

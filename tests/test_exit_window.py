@@ -33,7 +33,7 @@ import os
 import time
 from pathlib import Path
 
-from ampbench.runtime import processes
+from ampbench.runtime import signals
 
 _AT, _DIR = os.environ.get("HOLD_AT"), Path(os.environ.get("HOLD_DIR", "."))
 
@@ -47,7 +47,7 @@ def _hold():
 
 
 if _AT in ("settle", "exit"):
-    _settle = processes.settle
+    _settle = signals.settle
 
     def settle():
         if _AT == "settle":
@@ -56,7 +56,7 @@ if _AT in ("settle", "exit"):
         if _AT == "exit":
             atexit.register(_hold)  # after settle's own exit function, so it runs before it
 
-    processes.settle = settle
+    signals.settle = settle
 '''
 
 

@@ -121,9 +121,9 @@ def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: floa
     import urllib.request
 
     from ampbench.errors import AmpbenchError
-    from ampbench.runtime import processes
+    from ampbench.runtime import processes, signals
 
-    processes.handle_signals_once()  # SIGTERM (a supervisor, `kill`) unwinds like Ctrl-C: the server is stopped below
+    signals.handle_signals_once()  # SIGTERM (a supervisor, `kill`) unwinds like Ctrl-C: the server is stopped below
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         server = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
@@ -273,5 +273,18 @@ def sync_params(root: Path, check: bool) -> None:
         raise SystemExit(1)
 
 
+def entry() -> None:
+    """The ``ampbench`` command (pyproject's script): ``main``, and an interrupted command's 130 for sure
+    (``signals.keep_status_at_exit``)."""
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code == 130:
+            from ampbench.runtime import signals
+
+            signals.keep_status_at_exit(130)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    entry()

@@ -3,5 +3,9 @@
 import sys
 
 from ampbench.bench.cli import main
+from ampbench.runtime import signals
 
-sys.exit(main())
+status = main()
+if status == 130:  # interrupted: that status for sure (``signals.keep_status_at_exit``)
+    signals.keep_status_at_exit(status)
+sys.exit(status)

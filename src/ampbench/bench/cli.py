@@ -195,10 +195,20 @@ def main(argv: list[str] | None = None) -> int:
                       overhead_arms=args.overhead_arms.split(","), channels_last=args.channels_last,
                       compile=args.compile, sync_debug=args.sync_debug, mlflow=not args.no_mlflow,
                       arm_budget=args.arm_budget)
+    from ampbench.errors import interrupted_line
+    from ampbench.runtime import signals
+
+    signals.handle_signals_once()  # SIGTERM (a scheduler, `kill`) unwinds as Ctrl-C does: one line, exit 130
     try:
-        from ampbench.bench.loop import measure  # torch is imported only now, so --help stays instant
+        # torch is imported only now, so --help stays instant. A signal during the import is taken after it: one
+        # that lands in C code running Python (pybind11) marks the interpreter to die of SIGINT at exit (CPython).
+        with signals.signals_deferred():
+            from ampbench.bench.loop import measure
 
         result = measure(cfg)
+    except KeyboardInterrupt as exc:  # the scratch MLflow store is removed on the way; nothing else was written
+        print(interrupted_line(exc) + f": nothing was written ({args.json_out} is as it was)", file=sys.stderr)
+        return 130
     except Exception as exc:  # an error, not a slow result: say so and exit non-zero
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -31,7 +31,7 @@ from ampbench.models.builtins import unwrap
 from ampbench.models.factory import ModelSpec, build_for
 from ampbench.precision.optimizers import state_bytes
 from ampbench.precision.policy import resolve_device, resolve_policy
-from ampbench.runtime import memory
+from ampbench.runtime import memory, signals
 from ampbench.runtime.hardware import fingerprint, peak_tflops
 from ampbench.speed import harness
 from ampbench.speed.budget import Budget
@@ -117,6 +117,7 @@ class BareArm:
         n = min(len(self.train), steps * bs)
         first = len(self.timer.windows)
         for _ in range(math.ceil(steps / max(1, n // bs))):  # passes, as fit() makes them: a window per pass
+            signals.checkpoint()  # between windows, not steps: the bare loop stays the tutorial's
             perm = torch.randperm(n, generator=self.gen).to(self.device)
             self.timer.start()
             for start in range(0, n, bs):

@@ -21,7 +21,7 @@ from ampbench.cluster.grid import Cell, ClusterError, Placement
 from ampbench.config.validation import load_params
 from ampbench.errors import ArmUnavailable, Interrupted
 from ampbench.precision.policy import resolve_device, resolve_policy
-from ampbench.runtime import processes
+from ampbench.runtime import signals
 from ampbench.runtime.console import log
 from ampbench.runtime.files import dvc_md5
 from ampbench.runtime.hardware import fingerprint
@@ -50,7 +50,7 @@ def cluster_repro(root: Path, options: Options) -> None:
     workspace.default_remote(root)
     workspace.prepare_inputs(root)  # before Ray ships the project's files: dvc.lock then names the prepared data
     ray_backend.connect(options.address, root)
-    processes.handle_signals_once()  # SIGTERM unwinds like Ctrl-C: the cells are cancelled, landed ones kept
+    signals.handle_signals_once()  # SIGTERM unwinds like Ctrl-C: the cells are cancelled, landed ones kept
     try:
         _check_cluster(root, params, options, uri)
         cells = workspace.unfinished(root, params, _runnable(workspace.stale_arms(root, params.train.precisions),

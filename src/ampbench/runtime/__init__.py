@@ -6,7 +6,8 @@
 - ``memory``: whether a device's peak memory can be told apart by arm (CUDA only): the speed harness, the bench and
   the report follow that one rule (torch-free).
 - ``provenance``: the code hash and git/DVC revision tags every run records.
-- ``processes``: process identity (for closing dead processes' runs), one-shot signals, ``dvc`` watching.
+- ``processes``: process identity (for closing dead processes' runs), ``dvc`` watching, process groups.
+- ``signals``: how a process of ours ends when told to stop: one line, what is kept, the exit status.
 - ``files``: atomic writes, reports published together, JSON reads that name the bad file.
 - ``console``: progress lines for people, on stderr.
 - ``preload``, ``preload_server``, ``preload_child``: a stage's start-up paid once — a server that imported torch and

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ampbench.runtime import processes
+from ampbench.runtime import signals
 
 
 def json_digest(obj: Any, length: int | None = None) -> str:
@@ -138,7 +138,7 @@ def published_together(root: Path) -> Iterator[Path]:
     try:
         yield staging
         files = sorted(p for p in staging.rglob("*") if p.is_file())
-        with processes.signals_deferred():
+        with signals.signals_deferred():
             for f in files:
                 dest = root / f.relative_to(staging)
                 dest.parent.mkdir(parents=True, exist_ok=True)

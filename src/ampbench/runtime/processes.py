@@ -1,102 +1,22 @@
-"""Processes: who we are (so a later run can tell that a run's process died), and a watch on the ``dvc`` that
-launched us (so a stage never outlives it).
+"""Processes: who we are (so a later run can tell that a run's process died), a watch on the ``dvc`` that
+launched us (so a stage never outlives it), and process groups stopped as a whole (``signals.py``: how a process
+of ours ends when it is told to).
 
 Linux ``/proc`` is read where it exists; elsewhere identity falls back to the pid alone and the watch is off.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import signal
 import socket
-import sys
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
+from ampbench.runtime import signals
 from ampbench.runtime.preload import LAUNCHER_ENV
-
-# Why this process sent itself SIGTERM (the dvc watch), for the interruption's line; None: the signal came from
-# outside (Ctrl-C, DVC, a scheduler).
-_self_stopped: list[str] = []
-
-
-def interrupt_once(signum, frame):
-    """Signal handler: the first SIGINT/SIGTERM raises KeyboardInterrupt(name, and why when we sent it ourselves);
-    every later one is ignored, so that a second Ctrl-C or a scheduler's repeated SIGTERM cannot cut short the
-    cleanup the first one started (closing MLflow runs as KILLED, removing temporary files)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-    name = signal.Signals(signum).name
-    raise KeyboardInterrupt(f"{name}: {_self_stopped[0]}" if _self_stopped and signum == signal.SIGTERM else name)
-
-
-def handle_signals_once() -> dict[int, object]:
-    """Install ``interrupt_once`` for SIGINT and SIGTERM (main thread only); returns the previous handlers."""
-    return {sig: signal.signal(sig, interrupt_once) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
-def stage_label() -> str:
-    """How a stage's lines name it: DVC's stage name (``train@fp32``), else the script's (``train``)."""
-    return os.environ.get("DVC_STAGE") or os.path.splitext(os.path.basename(sys.argv[0] or "ampbench"))[0]
-
-
-def stopped_while_starting(signum, frame):
-    """Signal handler for a stage's start (its imports, before its own handling is in place): one line, exit 130.
-    Nothing of the stage has been written yet, so there is nothing to clean up."""
-    _say(f"[{stage_label()}] interrupted ({signal.Signals(signum).name}) while starting; nothing was written")
-    os._exit(130)
-
-
-def settle() -> None:
-    """The stage's work is complete and recorded: a SIGINT/SIGTERM from here to the exit can change nothing, so it
-    is said in one line and otherwise ignored (the stage exits with the status it has). Without this, a signal in
-    the last moments would fail a stage whose outputs are complete, and DVC would run it again. From the exit
-    functions on the signals are ignored outright: the interpreter resets Python handlers to the default (die of
-    the signal) for its teardown. Only in a stage process (one that installed ``interrupt_once``; after a first
-    signal, which is being handled, nothing changes)."""
-    if signal.getsignal(signal.SIGTERM) is not interrupt_once:
-        return
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _after_settled)
-    atexit.register(lambda: [signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)])
-
-
-def _after_settled(signum, frame) -> None:
-    _say(f"[{stage_label()}] {signal.Signals(signum).name} after the stage completed: its outputs are complete "
-         "and kept; it ends as it would have")
-
-
-def _say(line: str) -> None:
-    """A line on stderr from a signal handler: one write, no buffered stream that the interrupted code may hold."""
-    try:
-        os.write(2, (line + "\n").encode(errors="replace"))
-    except OSError:
-        pass
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """SIGINT/SIGTERM that arrive inside the block are delivered when it ends, to the handler in place then (on
-    the main thread; elsewhere nothing changes). For work a KeyboardInterrupt must not cut in two: a database
-    transaction left open holds the store's lock against this very process's KILLED bookkeeping."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    held = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum))
-            for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
-        if pending:
-            signal.raise_signal(pending[0])
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -225,8 +145,8 @@ def stop_when_gone(owner: Identity, interval: float = 0.5) -> threading.Thread:
     def watch() -> None:
         while not owner.dead():
             threading.Event().wait(interval)
-        _self_stopped.append(f"dvc (pid {owner.pid}) has exited" if owner.pid else
-                             "the dvc that started this stage had exited")
+        signals.stopping_because(f"dvc (pid {owner.pid}) has exited" if owner.pid else
+                                 "the dvc that started this stage had exited")
         os.kill(os.getpid(), signal.SIGTERM)
 
     thread = threading.Thread(target=watch, name="ampbench-dvc-watch", daemon=True)
@@ -243,11 +163,11 @@ def group_alive(pgid: int) -> bool:
         return False
 
 
-def end_group(proc, signals=(signal.SIGTERM, signal.SIGKILL), grace: float = 20.0) -> None:
+def end_group(proc, steps=(signal.SIGTERM, signal.SIGKILL), grace: float = 20.0) -> None:
     """Wait for the process group led by ``proc`` (a ``subprocess.Popen`` started in a session or group of its
-    own) to empty, sending it each of ``signals`` in turn and waiting up to ``grace`` seconds after each; the leader
-    is reaped on the way. A group, not a process: children outlive a parent that alone is signalled."""
-    for sig in signals:
+    own) to empty, sending it each of ``steps`` in turn (None: only wait) and waiting up to ``grace`` seconds after
+    each; the leader is reaped on the way. A group, not a process: children outlive a parent signalled alone."""
+    for sig in steps:
         if sig is not None:
             try:
                 os.killpg(proc.pid, sig)

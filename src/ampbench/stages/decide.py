@@ -30,7 +30,7 @@ from ampbench.config.layout import ReportFiles
 from ampbench.config.validation import validate
 from ampbench.errors import AmpbenchError, DataError, Interrupted, ParamsError
 from ampbench.precision.checks import check_run
-from ampbench.runtime import processes
+from ampbench.runtime import processes, signals
 from ampbench.runtime.files import read_json
 from ampbench.verdict.sequential import Design
 
@@ -135,7 +135,7 @@ def _params_kept_on_failure(path: Path) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        with processes.signals_deferred():
+        with signals.signals_deferred():
             if path.read_bytes() != before:
                 path.write_bytes(before)
         raise
@@ -158,7 +158,7 @@ def _run_look(cmd: list[str], root: Path, index: int) -> int:
     try:
         status = proc.wait()
         if got:  # DVC may exit before its stage has ended its run KILLED and said what it kept: wait for them
-            processes.end_group(proc, signals=(None, signal.SIGTERM, signal.SIGKILL), grace=10.0)
+            processes.end_group(proc, steps=(None, signal.SIGTERM, signal.SIGKILL), grace=10.0)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -20,7 +20,7 @@ from ampbench.config.params import Params
 from ampbench.data.splits import Prepared
 from ampbench.models.factory import ModelSpec
 from ampbench.precision.policy import PrecisionPolicy, cudnn_legacy_flags_readable, plain_model
-from ampbench.runtime import distributed, processes
+from ampbench.runtime import distributed, signals
 from ampbench.runtime.console import log
 from ampbench.runtime.files import atomic_write_json
 from ampbench.runtime.hardware import fingerprint
@@ -218,14 +218,14 @@ class ArmOutputs:
         seeds stay, for a later run with more seeds).
 
         The finished seeds are removed from the resume folder last, once a signal can no longer fail the stage
-        (``processes.settle``): until then an interruption exits 130 with the seeds kept, and the rerun (DVC runs a
+        (``signals.settle``): until then an interruption exits 130 with the seeds kept, and the rerun (DVC runs a
         failed stage again) reuses them; never a completed arm trained twice, never two FINISHED runs of a seed."""
         if self.enabled:
             atomic_write_json(self.files.history, {"arm": self.arm, "seeds": histories})  # bound to its arm
             atomic_write_json(self.files.summary, summary)
             self.complete = True
             if not keep:
-                processes.settle()
+                signals.settle()
                 shutil.rmtree(self.resume_dir, ignore_errors=True)
 
 

@@ -15,7 +15,7 @@ from typing import Iterator
 from urllib.parse import urlsplit
 
 from ampbench.errors import StoreError
-from ampbench.runtime import processes
+from ampbench.runtime import signals
 from ampbench.tracking import own_log
 from ampbench.tracking.uris import mask, redact, sqlite_path
 
@@ -83,7 +83,7 @@ def _whole_transactions():
 
     scheme = urlsplit(mlflow.get_tracking_uri()).scheme.split("+")[0]
     databases = ("sqlite", "postgresql", "mysql", "mssql")
-    return processes.signals_deferred() if scheme in databases else contextlib.nullcontext()
+    return signals.signals_deferred() if scheme in databases else contextlib.nullcontext()
 
 
 _STORE_MODULES = ("mlflow", "sqlalchemy", "sqlite3", "requests", "urllib3", "psycopg2", "pymysql")

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ampbench.runtime import processes
+from ampbench.runtime import processes, signals
 from ampbench.tracking.logs import log_batch
 from ampbench.tracking.retry import current_uri, init_lock, retry
 from ampbench.tracking.uris import mask, redact
@@ -165,12 +165,12 @@ def _system_metrics(every: float) -> bool:
 @contextmanager
 def _signals_raise() -> Iterator[None]:
     """Within the block SIGINT/SIGTERM raise KeyboardInterrupt once and are ignored after
-    (``processes.interrupt_once``). A stage installs that for its whole process; called as a library, it is
+    (``signals.interrupt_once``). A stage installs that for its whole process; called as a library, it is
     installed here and then undone."""
-    if signal.getsignal(signal.SIGTERM) is processes.interrupt_once:
+    if signal.getsignal(signal.SIGTERM) is signals.interrupt_once:
         yield
         return
-    previous = processes.handle_signals_once()
+    previous = signals.handle_signals_once()
     try:
         yield
     finally:
@@ -213,7 +213,11 @@ def scratch_run(folder: Path) -> Iterator[None]:
     Raises ImportError when mlflow is not installed."""
     import mlflow
 
-    mlflow.set_tracking_uri(f"sqlite:///{Path(folder).resolve() / 'bench.db'}")
+    from ampbench.tracking import own_log
+
+    uri = f"sqlite:///{Path(folder).resolve() / 'bench.db'}"
+    own_log.route(folder, uri)  # MLflow's "Creating initial tables…" and any trouble: its log in the folder
+    mlflow.set_tracking_uri(uri)
     exp = mlflow.create_experiment("bench", artifact_location=(Path(folder).resolve() / "artifacts").as_uri())
     with mlflow.start_run(experiment_id=exp):
         yield

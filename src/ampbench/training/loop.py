@@ -21,7 +21,7 @@ from ampbench.data.loader import InputPipeline, keep_on_device
 from ampbench.data.splits import Split
 from ampbench.models.builtins import unwrap
 from ampbench.precision.policy import PrecisionPolicy
-from ampbench.runtime import distributed
+from ampbench.runtime import distributed, signals
 from ampbench.runtime.distributed import SINGLE, World
 from ampbench.tasks.contract import Task
 from ampbench.training.state import EpochRecord, LoopConfig, TrainState
@@ -138,6 +138,7 @@ def fit(state: TrainState, train: Split, val: Split, policy: PrecisionPolicy, cf
         speed.epoch_start(f"{policy.name} seed{cfg.seed} epoch {epoch + 1}/{cfg.end_epoch}")
         evaluations, first = [], state.step
         for batch in inputs.epoch(state.generator, state.step):
+            signals.checkpoint()  # a signal whose KeyboardInterrupt a finalizer swallowed stops the loop here
             if cfg.eval_every and state.step > first and state.step % cfg.eval_every == 0:  # not at the epoch's end
                 with speed.paused() as seconds:
                     val_loss = cfg.task.validate(model, val, policy, cfg.eval_batch_size)[0]
