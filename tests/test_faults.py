@@ -242,8 +242,8 @@ def test_store_corrupted_mid_run(tmp_path, setup):
     assert (tmp_path / "m" / ".resume" / "seed0.pt").exists()  # the epochs done are kept for the rerun
 
 
-@pytest.mark.parametrize("command", [["repro"], ["exp", "run", "-S", "train.epochs=501"]], ids=["repro", "exp-run"])
-@pytest.mark.parametrize("preload", ["1", "0"], ids=["preloaded", "plain"])
+@pytest.mark.parametrize("command, preload", [(["repro"], "0"), (["exp", "run", "-S", "train.epochs=501"], "1")],
+                         ids=["repro-plain", "exp-run-preloaded"])
 def test_sigterm_to_dvc_stops_every_process_of_the_pipeline(tmp_path, tiny_params, command, preload):
     """Issue 14.6, 49: SIGTERM to `dvc repro` or `dvc exp run` while a stage trains: within 5 s no process of the
     pipeline is left (the stage watches the dvc that launched it; a served stage's client waits for it), the run

@@ -16,10 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-import yaml
 
-from conftest import ROOT, TINY, clean_env
+from conftest import ROOT, clean_env
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the preload server is Linux-only")
 
@@ -224,40 +222,3 @@ def test_an_idle_server_exits(tmp_path):
     while list((tmp_path / "run" / "ampbench").glob("*.sock")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not list((tmp_path / "run" / "ampbench").glob("*.sock")) and "idle: exiting" in _logs(tmp_path)
-
-
-@pytest.mark.slow
-def test_a_train_stage_through_the_server_trains_what_a_plain_one_does(tmp_path):
-    """The real module list (torch, MLflow…) and the train stage, as pipeline/python runs it: the same weights,
-    optimizer state and metrics, bit for bit, as a plain process's."""
-    params = yaml.safe_load(yaml.safe_dump(TINY))
-    params["train"]["precisions"] = ["fp32"]
-    params["mlflow"]["log_model"] = False
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    env = {**_env(tmp_path), "DVC_ROOT": str(tmp_path), "AMPBENCH_PYTHON": sys.executable}
-    env.pop("AMPBENCH_PRELOAD_MODULES")
-    stage = ["sh", str(ROOT / "pipeline" / "python"), str(ROOT / "pipeline" / "prepare.py")]
-    subprocess.run(stage, cwd=tmp_path, env={**env, "AMPBENCH_PRELOAD": "0"}, check=True, capture_output=True)
-    checkpoints = {}
-    for how in ("0", "1"):
-        out = tmp_path / f"models-{how}"
-        cmd = ["sh", str(ROOT / "pipeline" / "python"), str(ROOT / "pipeline" / "train.py"), "--precision", "fp32",
-               "--out", str(out), "--resume-dir", str(tmp_path / f"resume-{how}")]
-        proc = subprocess.run(cmd, cwd=tmp_path, env={**env, "AMPBENCH_PRELOAD": how}, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        checkpoints[how] = torch.load(out / "seed0.pt", weights_only=False)
-    assert _logs(tmp_path).count(" for client ") == 1  # the second run was the server's
-    plain, served = checkpoints["0"], checkpoints["1"]
-    assert _same(plain["model"], served["model"]) and _same(plain["optimizer"], served["optimizer"])
-    assert plain["step"] == served["step"] > 0
-
-
-def _same(a: object, b: object) -> bool:
-    """Equal, tensors bit for bit (nested dicts and lists of a state dict)."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
