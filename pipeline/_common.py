@@ -94,13 +94,8 @@ def _restore_hint() -> str:
 
 def run(command) -> None:
     """A stage script's entry point (``if __name__ == "__main__": run(main)``): the click command, standalone; an
-    interrupted stage's 130 is its exit status for sure (``signals.keep_status_at_exit``)."""
-    try:
-        command()
-    except SystemExit as exc:
-        if exc.code == 130:
-            signals.keep_status_at_exit(130)
-        raise
+    interrupted stage's 130 is its exit status for sure (``signals.entry_point``)."""
+    signals.entry_point(command)
 
 
 def stage(fn):

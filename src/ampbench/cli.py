@@ -275,15 +275,10 @@ def sync_params(root: Path, check: bool) -> None:
 
 def entry() -> None:
     """The ``ampbench`` command (pyproject's script): ``main``, and an interrupted command's 130 for sure
-    (``signals.keep_status_at_exit``)."""
-    try:
-        main()
-    except SystemExit as exc:
-        if exc.code == 130:
-            from ampbench.runtime import signals
+    (``signals.entry_point``)."""
+    from ampbench.runtime import signals
 
-            signals.keep_status_at_exit(130)
-        raise
+    signals.entry_point(main)
 
 
 if __name__ == "__main__":

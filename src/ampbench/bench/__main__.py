@@ -1,11 +1,8 @@
-"""``python -m ampbench.bench``: the bench's command line (``cli.py``)."""
+"""``python -m ampbench.bench``: the bench's command line (``cli.py``); an interrupted bench's 130 holds at exit."""
 
 import sys
 
 from ampbench.bench.cli import main
 from ampbench.runtime import signals
 
-status = main()
-if status == 130:  # interrupted: that status for sure (``signals.keep_status_at_exit``)
-    signals.keep_status_at_exit(status)
-sys.exit(status)
+signals.entry_point(lambda: sys.exit(main()))

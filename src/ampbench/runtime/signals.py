@@ -55,6 +55,17 @@ def keep_status_at_exit(code: int) -> None:
     _status_at_exit[:] = [code]
 
 
+def entry_point(command) -> None:
+    """Run a process's main ``command`` (a click command in standalone mode, or any callable ending in
+    ``sys.exit``); if it exits 130 (interrupted), that status holds at exit (``keep_status_at_exit``)."""
+    try:
+        command()
+    except SystemExit as exc:
+        if exc.code == 130:
+            keep_status_at_exit(130)
+        raise
+
+
 def _exit_with_the_kept_status() -> None:
     if _status_at_exit:
         for stream in (sys.stdout, sys.stderr):
