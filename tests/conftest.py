@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +17,13 @@ from ampbench.config.params import Params
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pipeline"))  # stage scripts import `_common` as a sibling module
+
+# The processes the tests start (DVC, stages, commands) hear SIGINT as a terminal's foreground job does, also when
+# the suite itself was started with it ignored (`make test &` in a script, nohup): a stage keeps an inherited
+# SIG_IGN (runtime/signals.py), and the tests that send SIGINT would wait on a process that never hears it. A
+# Python handler is not inherited across exec; the default is.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The end-to-end test commits in temporary repos; give git an identity without touching global config.
 for var, value in {"GIT_AUTHOR_NAME": "ampbench tests", "GIT_AUTHOR_EMAIL": "tests@ampbench.invalid",
@@ -145,7 +153,9 @@ def make_project_repo(repo: Path, params: dict) -> tuple[Path, dict]:
         else:
             shutil.copy2(src, dst)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = link_venv(repo, clean_env())
+    # DVC runs a stage as `$SHELL -c CMD`: /bin/sh is what CI and many accounts have, and dash, unlike bash, does
+    # not replace itself with the command, so a stage's signals and exit status pass one more process.
+    env = link_venv(repo, clean_env(SHELL="/bin/sh"))
     run_ok(["git", "init", "-q"], repo, env)
     run_ok(["git", "add", "-A"], repo, env)
     run_ok(["git", "commit", "-qm", "tiny pipeline"], repo, env)

@@ -101,6 +101,34 @@ def test_signals_reach_the_stage_and_a_killed_client_stops_it(tmp_path):
     assert _client(killed, env=env, cwd=tmp_path).wait(timeout=30) == -signal.SIGKILL
 
 
+@pytest.mark.parametrize("preload", ["0", "1"], ids=["plain", "served"])
+def test_a_stage_started_with_sigint_ignored_keeps_it_ignored(tmp_path, preload):
+    """A shell starts a background job (`dvc repro &` in a script) with SIGINT ignored, so that a Ctrl-C meant for
+    the foreground leaves it alone; python keeps that, and so does a stage, served or not. SIGTERM still stops it."""
+    script = tmp_path / "stage.py"
+    script.write_text("import os, sys, time\n"
+                      "from ampbench.runtime import signals\n"
+                      "signals.handle_signals_once()\n"
+                      "print('ready', flush=True)\n"
+                      "try:\n"
+                      "    while not os.path.exists('go'):\n"
+                      "        signals.checkpoint(); time.sleep(0.02)\n"
+                      "except KeyboardInterrupt as exc:\n"
+                      "    print('interrupted', exc); sys.exit(130)\n"
+                      "print('finished')\n")
+    env = _env(tmp_path, AMPBENCH_PRELOAD=preload)
+    for sig, expected in ((signal.SIGINT, (0, "finished")), (signal.SIGTERM, (130, "interrupted SIGTERM"))):
+        (tmp_path / "go").unlink(missing_ok=True)
+        proc = _client(script, env=env, cwd=tmp_path,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(sig)
+        time.sleep(0.5)  # heard, it would have ended the wait by now
+        (tmp_path / "go").touch()
+        out, err = proc.communicate(timeout=30)
+        assert (proc.returncode, out.strip()) == expected, err
+
+
 # Scripts whose ending is easy to get wrong without the interpreter's teardown; each must end exactly as under
 # `python SCRIPT`: the same status (or signal), stdout, stderr and files.
 ENDINGS = {

@@ -84,19 +84,26 @@ atexit.register(_exit_with_the_kept_status)
 def checkpoint() -> None:
     """Raise KeyboardInterrupt if a signal came and its exception never reached this code (``interrupt_once``);
     nothing otherwise. Long loops call it between steps; cleanup code never does."""
-    if _interrupted and threading.current_thread() is threading.main_thread() \
-            and signal.getsignal(signal.SIGTERM) is interrupt_once:
+    if _interrupted and threading.current_thread() is threading.main_thread() and handling():
         raise KeyboardInterrupt(_interrupted[0])
+
+
+def handling() -> bool:
+    """Whether ``interrupt_once`` is in place (``handle_signals_once``, not yet settled or undone)."""
+    return interrupt_once in (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
 
 
 def handle_signals_once() -> dict[int, object]:
     """Install ``interrupt_once`` for SIGINT and SIGTERM (main thread only), no signal yet; returns the previous
-    handlers."""
+    handlers of those it installed. A signal the process was started with ignored stays ignored, as python leaves
+    it: a shell starts a background job (``cmd &`` in a script) with SIGINT ignored so that Ctrl-C meant for the
+    foreground does not stop it, and a stage through the preload server keeps it ignored the same way."""
     _interrupted.clear()
     if sys.unraisablehook is not _quiet_once_interrupted:
         _quiet_once_interrupted.default = sys.unraisablehook  # type: ignore[attr-defined]
         sys.unraisablehook = _quiet_once_interrupted
-    return {sig: signal.signal(sig, interrupt_once) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return {sig: signal.signal(sig, interrupt_once) for sig in (signal.SIGINT, signal.SIGTERM)
+            if signal.getsignal(sig) is not signal.SIG_IGN}
 
 
 def _quiet_once_interrupted(unraisable) -> None:
@@ -127,11 +134,12 @@ def settle() -> None:
     functions on the signals are ignored outright: the interpreter resets Python handlers to the default (die of
     the signal) for its teardown. Only in a stage process (one that installed ``interrupt_once``; after a first
     signal, which is being handled, nothing changes; one whose exception was lost is raised here)."""
-    if signal.getsignal(signal.SIGTERM) is not interrupt_once:
+    if not handling():
         return
     checkpoint()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _after_settled)
+        if signal.getsignal(sig) is interrupt_once:  # one ignored from the start stays so
+            signal.signal(sig, _after_settled)
     atexit.register(lambda: [signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)])
 
 

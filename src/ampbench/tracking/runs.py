@@ -167,7 +167,7 @@ def _signals_raise() -> Iterator[None]:
     """Within the block SIGINT/SIGTERM raise KeyboardInterrupt once and are ignored after
     (``signals.interrupt_once``). A stage installs that for its whole process; called as a library, it is
     installed here and then undone."""
-    if signal.getsignal(signal.SIGTERM) is signals.interrupt_once:
+    if signals.handling():
         yield
         return
     previous = signals.handle_signals_once()
