@@ -7,7 +7,7 @@ BIN    := $(abspath $(VENV))/bin
 # (pipeline/python), so `.venv/bin/dvc exp run …` works outside make too.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install install-cluster repro test test-fast test-cluster lint docs params ui team-server lock clean
+.PHONY: install install-cluster repro test test-fast test-cluster test-gpu-slot lint docs params ui team-server lock clean
 
 install: $(VENV)/.installed  ## create .venv and install the pinned versions (the first step of every target)
 
@@ -33,7 +33,7 @@ TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: $(VENV)/.installed  ## run the test suite (no GPU or network needed)
-	OMP_NUM_THREADS=1 python -m pytest -q $(PARALLEL) -m "not timing and not cluster"
+	OMP_NUM_THREADS=1 python -m pytest -q $(PARALLEL) -m "not timing and not cluster and not gpu_slot"
 	python -m pytest -q -m timing
 
 # A real Ray cluster on this machine (a head and a worker node, each `ray start`), the team MLflow server
@@ -41,8 +41,13 @@ test: $(VENV)/.installed  ## run the test suite (no GPU or network needed)
 test-cluster: $(VENV)/.cluster-installed  ## the cluster tests (needs the team server: make team-server)
 	python -m pytest -q -m cluster
 
+# The GPU slot's two commands (scripts/gpu_check.sh) run dry on this CPU, on a simulated GPU machine that has only
+# what the lent one has plus the wheel set: the API check, bench, pytest -m gpu, a real dvc repro, the packing.
+test-gpu-slot: $(VENV)/.installed  ## the GPU slot's scripts, dry on the CPU (tests/test_gpu_slot.py; CI runs it)
+	python -m pytest -q -m gpu_slot
+
 test-fast: $(VENV)/.installed  ## unit tests only, skips the slow end-to-end ones
-	OMP_NUM_THREADS=1 python -m pytest -q $(PARALLEL) -m "not slow and not timing and not cluster"
+	OMP_NUM_THREADS=1 python -m pytest -q $(PARALLEL) -m "not slow and not timing and not cluster and not gpu_slot"
 
 lint: $(VENV)/.installed  ## ruff: pyflakes, pycodestyle, import order, bugbear (settings in pyproject.toml)
 	ruff check .

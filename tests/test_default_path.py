@@ -4,12 +4,12 @@ every kind of task, through a real `dvc repro` / `dvc exp run` with the preload 
 MLflow store that is complete in `mlflow.db` alone (copied without its write-ahead log), every run FINISHED with
 its artifacts.
 
-Three runs per mode keep it within the suite's time (one epoch, one seed, tiny models, the speed stage at its
+Two runs per mode keep it within the suite's time (one epoch, one seed, tiny models, the speed stage at its
 smallest; a plain process pays ~5 s of imports per stage):
 - every arm, on digits, the built-in mlp (Linear layers float8 can take) trained by the example Task
   (examples/my_task.py);
-- fp32 and bf16 on a language model from the example model factory (examples/my_lm.py), by `dvc exp run -S`;
-- the same with the Hugging Face factory (examples/hf_gpt2.py), where transformers is installed (CI installs it).
+- fp32 and bf16 on a language model from a model factory of the user's, by `dvc exp run -S`: the Hugging Face one
+  (examples/hf_gpt2.py) where transformers is installed (CI installs it), else examples/my_lm.py.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ RUNS = {
     "hugging face": ["dvc", "exp", "run", *LM, "-S", "train.model=examples.hf_gpt2:build", "-S",
                      "train.model_code=examples/hf_gpt2.py", "-S", "++train.model_args={n_embd: 16, n_layer: 1}"],
 }
-if not HUGGING_FACE:
-    del RUNS["hugging face"]
+del RUNS["language model" if HUGGING_FACE else "hugging face"]
 
 
 def _params() -> dict:

@@ -111,6 +111,7 @@ def test_every_gpu_profile_is_a_valid_params_file_in_a_lean_copy(tmp_path, profi
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_slot
 def test_the_pipeline_gpu_check_dry_run_on_cpu(tmp_path):
     """`gpu_check.sh --pipeline --device cpu`: the GPU slot's exact command at tiny sizes on a simulated GPU machine
     (what its image has plus the wheel set, nothing else): API check, bench, pytest -m gpu, then a real `dvc repro`
@@ -140,6 +141,7 @@ def test_the_pipeline_gpu_check_dry_run_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_slot
 def test_the_new_arms_gpu_check_dry_run_on_cpu(tmp_path):
     """`gpu_check.sh --new-arms --device cpu`: the second GPU command (the arms past autocast benched side by side,
     their GPU test) on the simulated GPU machine, which has torchao and torch-optimi only from the wheel set."""
