@@ -51,21 +51,11 @@ def main(params, precision: str, data_dir: Path, out_dir: Path | None, resume_di
 
     Interrupted? Run it again: it resumes from the last completed epoch.
     """
-    from ampbench.config.user_code import require_tracked
-    from ampbench.errors import ParamsError
     from ampbench.runtime.distributed import launched_by_torchrun
-    from ampbench.stages.outputs import ClusterCell
+    from ampbench.stages.preflight import check_request
     from ampbench.stages.train import train_arm
 
-    if precision not in params.train.precisions:
-        raise ParamsError(f"--precision {precision!r} is not in train.precisions {params.train.precisions}")
-    cell = None
-    if cell_seeds or parent_run or node:
-        if not (cell_seeds and parent_run and node) or not set(cell_seeds) <= set(params.train.seeds):
-            raise ParamsError("a cluster cell needs --seed (one of train.seeds), --parent-run and --node together")
-        cell = ClusterCell(tuple(cell_seeds), parent_run, node)
-    require_tracked("train.model", params.train.model, params.train.model_code, CHECKOUT)
-    require_tracked("train.task", params.train.task, params.train.task_code, CHECKOUT)
+    cell = check_request(precision, params, CHECKOUT, cell_seeds, parent_run, node)
     if params.train.nproc_per_node > 1 and not launched_by_torchrun():
         relaunch_under_torchrun(params.train.nproc_per_node)  # does not return
     if params.train.deterministic:

@@ -23,7 +23,7 @@ from ampbench.data.prepare import prepare, save_prepared
 from ampbench.data.splits import Split
 from ampbench.errors import Diverged, ParamsError
 from ampbench.precision.policy import resolve_policy
-from ampbench.stages.preflight import check_model
+from ampbench.stages.preflight import preflight
 from ampbench.tasks.classification import CLASSIFICATION, Classification
 from ampbench.tasks.contract import SeedEvaluation
 from ampbench.training.loop import fit, init_state
@@ -31,6 +31,11 @@ from ampbench.training.state import LoopConfig
 from conftest import TINY, train_fp32_only
 
 CPU = torch.device("cpu")
+
+
+def _preflight(params, data, task) -> dict:
+    """The train stage's checks of the fp32 arm's model (``stages.preflight``); its identity."""
+    return preflight("fp32", resolve_policy("fp32", CPU), params, data, task, CPU).model
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +87,7 @@ def test_a_loss_that_breaks_the_contract_is_one_line_at_the_dry_run(task, expect
     in a traceback (a float has no .backward) or train nothing (a detached loss)."""
     params, data = digits
     with pytest.raises(ParamsError, match=f"^train.task: {expected}.*0-dim floating tensor with a grad path") as err:
-        check_model(params, data, task(), CPU)
+        _preflight(params, data, task())
     assert "\n" not in str(err.value)
 
 
@@ -109,7 +114,7 @@ def test_the_built_in_and_example_tasks_pass_the_probe_at_the_dry_run(digits, mo
     params, data = digits
     calls = _counting(monkeypatch)
     for t in (CLASSIFICATION, task()):
-        assert check_model(params, data, t, CPU)["parameters"] > 0
+        assert _preflight(params, data, t)["parameters"] > 0
     assert calls == [PROBE_EXAMPLES, PROBE_EXAMPLES, PROBE_EXAMPLES // 2] * 2
 
 
@@ -152,7 +157,7 @@ def test_outcomes_that_cannot_be_paired_are_refused_at_the_dry_run(task, expecte
     """Probed on the untrained model and the first test examples, before any arm trains."""
     params, data = digits
     with pytest.raises(ParamsError, match=f"^train.task: {task.__name__}.evaluate: {expected}") as err:
-        check_model(params, data, task(), CPU)
+        _preflight(params, data, task())
     assert "\n" not in str(err.value) and "in test order" in str(err.value)
 
 

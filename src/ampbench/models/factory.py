@@ -11,10 +11,10 @@ The three forms (``config.rules.model_kind``):
   ``callable(input_shape, num_classes, **train.model_args)``; it must return an ``nn.Module`` that maps
   (N, C, H, W) float images to (N, num_classes) logits.
 
-``inspect_model`` builds the model once before any work and runs a dry forward pass on real samples, so a model
-that does not fit the data fails with one line (``ModelError``), and a backward through the task's loss and a probe
-of its evaluation, so a task that breaks its contract does too (``tasks.probe``: ``ParamsError``); it returns what
-every run records about it.
+``inspect_model`` (``check_built`` on a model the caller built) builds the model once before any work and runs a
+dry forward pass on real samples, so a model that does not fit the data fails with one line (``ModelError``), and
+a backward through the task's loss and a probe of its evaluation, so a task that breaks its contract does too
+(``tasks.probe``: ``ParamsError``); it returns what every run records about it.
 """
 
 from __future__ import annotations
@@ -169,22 +169,28 @@ def flops_per_sample(model: nn.Module, sample: torch.Tensor) -> int:
 def inspect_model(spec: ModelSpec, samples: torch.Tensor, contract: dict[str, Any] | int,
                   device: torch.device = CPU, task: Task = CLASSIFICATION, targets: torch.Tensor | None = None,
                   test: Split | None = None) -> dict[str, Any]:
-    """Build ``spec`` once for these samples (N ≥ 2) on ``device`` and check it before any work: a dry forward in
-    training and eval mode, and one backward (with the caller's determinism settings) through the task's loss on
-    ``targets`` (their labels) when given; with ``test`` (the test split) the task's evaluation probed on its first
-    examples (``tasks.probe.probe_outcomes``). ``contract``: what the factory gets (``Task.model_args``; a class
-    count stands for image classification on these samples). Returns its identity: name, kind, width, args,
-    parameter count, FLOPs per sample. The random number generators are left as they were, so training afterwards
-    is unchanged."""
+    """Build ``spec`` once for these samples (N ≥ 2) on ``device`` and check it before any work (``check_built``).
+    ``contract``: what the factory gets (``Task.model_args``; a class count stands for image classification on
+    these samples). Returns its identity. The random number generators are left as they were."""
     if isinstance(contract, int):
         contract = {"input_shape": tuple(samples.shape[1:]), "num_classes": contract}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model = build_for(spec, contract).to(device)
-        x = samples.to(device)
-        _dry_forward(spec, model, x, contract, task)
-        _dry_backward(spec, model, x, task, None if targets is None else targets.to(device))
-        if test is not None:
-            probe.probe_outcomes(task, model, test, probe.PROBE_EXAMPLES, probe.DRY_RUN_BINS)
-        flops = flops_per_sample(model, x)
+        return check_built(spec, model, samples.to(device), contract, task, targets, test)
+
+
+def check_built(spec: ModelSpec, model: nn.Module, x: torch.Tensor, contract: dict[str, Any], task: Task,
+                targets: torch.Tensor | None = None, test: Split | None = None) -> dict[str, Any]:
+    """Check a model just built from ``spec`` on samples ``x`` (N ≥ 2, on its device): a dry forward in training
+    and eval mode, and one backward (with the caller's determinism settings) through the task's loss on
+    ``targets`` (their labels) when given; with ``test`` (the test split) the task's evaluation probed on its first
+    examples (``tasks.probe.probe_outcomes``). ModelError or ParamsError (one line) otherwise. Returns its identity:
+    name, kind, width, args, parameter count, FLOPs per sample. It draws random numbers (dropout): callers that
+    train afterwards fork the generators around it."""
+    _dry_forward(spec, model, x, contract, task)
+    _dry_backward(spec, model, x, task, None if targets is None else targets.to(x.device))
+    if test is not None:
+        probe.probe_outcomes(task, model, test, probe.PROBE_EXAMPLES, probe.DRY_RUN_BINS)
+    flops = flops_per_sample(model, x)
     return {"name": spec.name, "kind": spec.kind, "width": spec.width, "args": dict(spec.args),
             "parameters": sum(p.numel() for p in model.parameters()), "flops_per_sample": flops}

@@ -10,4 +10,5 @@ across DVC experiments.
 - ``plots``: the DVC plot rows (curves.json, quality.json).
 - ``figures``: the PNG figures.
 - ``experiments``: ``ampbench compare``: what changed in params and results across DVC experiments.
+- ``size``: what a request far larger than the default is told while it trains: its plan, its estimated time.
 """

@@ -1,7 +1,8 @@
 """The library side of the DVC stages that do more than one call: training an arm, timing every arm, evaluating.
 
 - ``train``: the train stage: each seed fit, resumed or reused; the arm's summary.
-- ``preflight``: what the train stage checks before any work; a large request's plan.
+- ``preflight``: what the train stage checks before an arm trains: the request, and the arm's model built once (a dry
+  step, its FLOPs by dtype).
 - ``outputs``: ``SeedJob`` and ``ArmOutputs``: every side effect of training (files, runs, log lines; rank 0).
 - ``resume``: when a checkpoint may be continued; the progress record; reuse of finished seeds.
 - ``speed``: the speed stage: the harness (``speed/``) on the user's model, data and input path.

@@ -43,7 +43,7 @@ class SeedJob:
     world: distributed.World
     resume_path: Path  # .resume/<arm>/seed<N>.pt
     key: str  # resume.resume_key(): what a checkpoint must match to be continued
-    model: dict[str, Any]  # models.factory.inspect_model(): name, kind, args, parameters, FLOPs per sample
+    model: dict[str, Any]  # models.factory.check_built(): name, kind, args, parameters, FLOPs per sample
     task: Task  # train.task resolved (task.resolve_task)
 
     @property

@@ -1,10 +1,22 @@
-"""What the train stage checks before any work, and what it says about the size of what was asked: a
-configuration that trains nothing, a model that does not fit the data, ``train.fp32_modules`` that leave a 16-bit arm
-no 16-bit work, and a request far larger than the default (its plan, then its estimated time).
+"""What the train stage checks before an arm trains, once and before anything is written.
+
+- ``check_request``: the arm is one of train.precisions, a cluster cell's options belong together, and your model or
+  task code lies in the path its code param names (so that DVC reruns the stages that import it).
+- ``check_steps``: a configuration under which an epoch would run no optimizer step.
+- ``preflight``: the arm's model built once. A dry forward and backward and a probe of the task's evaluation
+  (``models.factory.check_built``: a model that does not fit the data, a task that breaks its contract);
+  ``train.fp32_modules`` and float8's layers matched on it; then one training step under the arm's policy, counted
+  by dtype (``training.flops``): what the arm records as its FLOPs by dtype, and what refuses a 16-bit arm left
+  with no 16-bit work. The random number generators are left as they were, so training is unchanged.
+
+The train stage resolves the arm's policy first: an arm this device cannot run is recorded as skipped before any of
+this is paid for.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,16 +24,47 @@ import torch
 from ampbench.config import arms
 from ampbench.config.params import Params
 from ampbench.config.rules import float8_needs_compile
+from ampbench.config.user_code import require_tracked
 from ampbench.data.loader import batches_per_epoch
 from ampbench.data.splits import Prepared
 from ampbench.errors import ParamsError
-from ampbench.models.factory import ModelSpec, build_for, inspect_model
-from ampbench.precision.policy import float32_matches
+from ampbench.models.factory import ModelSpec, build_for, check_built
+from ampbench.precision.policy import PrecisionPolicy, float32_matches
 from ampbench.runtime import distributed
 from ampbench.runtime.determinism import set_deterministic
+from ampbench.stages.outputs import ClusterCell
 from ampbench.tasks.contract import Task
 from ampbench.training.flops import count_step_flops
-from ampbench.training.state import EpochRecord
+from ampbench.training.loop import memory_format
+
+COUNTED_SAMPLES = 16  # the counted step's batch (at most train.batch_size): FLOPs are per sample, weights unused
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks found out about the arm's model: its identity (``check_built``: name, kind, args, parameter
+    count, forward FLOPs per sample) and one training step's FLOPs by dtype under the arm (``flop_summary``, with
+    the TF32 setting read back)."""
+
+    model: dict[str, Any]
+    flops: dict[str, Any]
+
+
+def check_request(arm: str, params: Params, root: Path, cell_seeds: tuple[int, ...] = (),
+                  parent_run: str | None = None, node: str | None = None) -> ClusterCell | None:
+    """The train stage's command line and code params, checked (ParamsError, one line); returns the cluster cell
+    its options describe (``ampbench cluster repro``), None for a whole arm."""
+    tp = params.train
+    if arm not in tp.precisions:
+        raise ParamsError(f"--precision {arm!r} is not in train.precisions {tp.precisions}")
+    cell = None
+    if cell_seeds or parent_run or node:
+        if not (cell_seeds and parent_run and node) or not set(cell_seeds) <= set(tp.seeds):
+            raise ParamsError("a cluster cell needs --seed (one of train.seeds), --parent-run and --node together")
+        cell = ClusterCell(tuple(cell_seeds), parent_run, node)
+    require_tracked("train.model", tp.model, tp.model_code, root)
+    require_tracked("train.task", tp.task, tp.task_code, root)
+    return cell
 
 
 def check_steps(params: Params, data: Prepared, world: distributed.World) -> None:
@@ -33,23 +76,42 @@ def check_steps(params: Params, data: Prepared, world: distributed.World) -> Non
                           "processes, are dropped)")
 
 
-def check_model(params: Params, data: Prepared, task: Task, device: torch.device) -> dict[str, Any]:
-    """Build train.model once and run a dry forward and backward (through the task's loss) on two training samples
-    on ``device``, with training's determinism settings, and probe the task's evaluation on a few test examples:
-    ModelError or ParamsError (one line) before any work. Returns the model's identity."""
+def preflight(arm: str, policy: PrecisionPolicy, params: Params, data: Prepared, task: Task,
+              device: torch.device) -> Preflight:
+    """Build the arm's model once on ``device``, with training's determinism settings, and check it (see the module
+    docstring): ModelError or ParamsError (one line) before any work."""
     tp = params.train
     set_deterministic(tp.deterministic, tp.cudnn_benchmark, tp.compile)
     spec, contract = ModelSpec.from_train(tp), task.model_args(data.meta)
-    fp8 = [a for a in tp.precisions if arms.get(a).float8]
-    if tp.fp32_modules or fp8:
-        plain = build_for(spec, contract)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model = build_for(spec, contract).to(device)
+        identity = check_built(spec, model, data.train.inputs(data.train.x[:2]).to(device), contract, task,
+                               data.train.y[:2], data.test)
         try:  # a pattern that matches nothing would silently leave the layer in 16 bits
-            float32 = float32_matches(plain, tp.fp32_modules) if tp.fp32_modules else []
+            float32 = float32_matches(model, tp.fp32_modules) if tp.fp32_modules else []
         except ValueError as exc:
             raise ParamsError(str(exc)) from None
-        check_float8(fp8, plain, float32, tp, device)
-    return inspect_model(spec, data.train.inputs(data.train.x[:2]), contract, device, task, data.train.y[:2],
-                         data.test)  # the task's loss and evaluation held to its contract, too
+        check_float8([a for a in tp.precisions if arms.get(a).float8], model, float32, tp, device)
+        flops = _counted_step(policy, model, params, data, task, device)
+    if policy.low_precision and tp.fp32_modules and flops["per_sample"] and not flops["low_precision_share"]:
+        raise ParamsError(f"train.fp32_modules: {list(tp.fp32_modules)} keeps every module that computes in "
+                          f"float32, so {arm} would run no 16-bit matmul or convolution and only be labelled "
+                          f"{arm}; name the layers that need it (e.g. the one the report names)")
+    return Preflight(identity, flops)
+
+
+def _counted_step(policy: PrecisionPolicy, model: torch.nn.Module, params: Params, data: Prepared, task: Task,
+                  device: torch.device) -> dict[str, Any]:
+    """One training step's forward and backward under ``policy`` on the model as training prepares it, counted by
+    dtype at the dispatcher, with the TF32 state read back."""
+    tp, split = params.train, data.train
+    n = min(tp.batch_size, COUNTED_SAMPLES, len(split))
+    policy.apply_backend_flags()
+    model = policy.prepare_model(model.to(memory_format=memory_format(tp)))
+    x = policy.cast_input(split.inputs(split.x[:n].to(device))).to(memory_format=memory_format(tp))
+    counted = count_step_flops(model, policy, x, split.y[:n].to(device), task)
+    counted["cuda_matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
+    return counted
 
 
 def check_float8(fp8: list[str], model: torch.nn.Module, float32: list[str], tp, device: torch.device) -> None:
@@ -67,60 +129,3 @@ def check_float8(fp8: list[str], model: torch.nn.Module, float32: list[str], tp,
                           f"drop {', '.join(fp8)} from train.precisions")
     for key, why in float8_needs_compile(fp8, tp.compile, device.type):  # the check stage's rule, on this device
         raise ParamsError(f"{key}: {why}")
-
-
-LARGE_REQUEST = 10  # × the default run's arms × seeds × epochs: beyond it, the plan and its estimate are printed
-
-
-def _epoch_units(train) -> int:
-    return len(train.precisions) * len(train.seeds) * train.epochs
-
-
-def request_size(params: Params) -> str | None:
-    """The plan line of a request far larger than the default (200 seeds start 400 runs without a word)."""
-    from ampbench.config.params import TrainParams
-
-    units, default = _epoch_units(params.train), _epoch_units(TrainParams())
-    if units <= LARGE_REQUEST * default:
-        return None
-    tp = params.train
-    arms = len(tp.precisions)
-    return (f"plan: {arms} arm{'s' * (arms != 1)} × {len(tp.seeds)} seeds × {tp.epochs} epochs = {units:,} epochs of "
-            f"training, {units / default:.0f}× the default run ({_default_size()}); the time it takes is estimated "
-            "after the first epoch")
-
-
-def _default_size() -> str:
-    from ampbench.config.params import TrainParams
-
-    d = TrainParams()
-    return f"{len(d.precisions)} arms × {len(d.seeds)} seeds × {d.epochs} epochs"
-
-
-def estimate(record: EpochRecord, params: Params) -> str:
-    """After the first epoch of a large request: this arm's time and all arms' at its pace."""
-    tp = params.train
-    arm_s = record.epoch_seconds * len(tp.seeds) * tp.epochs
-
-    def hm(seconds: float) -> str:
-        m = round(seconds / 60)
-        return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{max(m, 1)} min"
-
-    return (f"estimate: this arm about {hm(arm_s)} ({len(tp.seeds) * tp.epochs:,} epochs at "
-            f"{record.epoch_seconds:.1f} s), every arm about {hm(arm_s * len(tp.precisions))} at this arm's pace")
-
-
-def check_16_bit_work(arm: str, policy, params: Params, data: Prepared, task: Task, device: torch.device) -> None:
-    """Refuse, before any work, train.fp32_modules that leave a 16-bit arm no 16-bit FLOPs (e.g. ['*']): it would
-    train as fp32 while labelled, compared and recommended as the arm. Counted on two samples (flops.py)."""
-    tp = params.train
-    if not (policy.low_precision and tp.fp32_modules):
-        return
-    set_deterministic(tp.deterministic, tp.cudnn_benchmark, tp.compile)
-    model = policy.prepare_model(build_for(ModelSpec.from_train(tp), task.model_args(data.meta)).to(device))
-    x = policy.cast_input(data.train.inputs(data.train.x[:2]).to(device))
-    counted = count_step_flops(model, policy, x, data.train.y[:2].to(device), task)
-    if counted["per_sample"] and not counted["low_precision_share"]:
-        raise ParamsError(f"train.fp32_modules: {list(tp.fp32_modules)} keeps every module that computes in "
-                          f"float32, so {arm} would run no 16-bit matmul or convolution and only be labelled "
-                          f"{arm}; name the layers that need it (e.g. the one the report names)")

@@ -1,7 +1,9 @@
 """Train stage: one arm, every seed in train.seeds — fit, a resume checkpoint after each epoch, one MLflow run.
 
-``train_arm`` resolves the device and the arm's policy (an arm the device cannot run is recorded as skipped, never
-run as something else) and trains each seed as a ``SeedJob``. When a seed is resumed or reused is the policy of
+``train_arm``, in order: the device and the arm's policy (an arm the device cannot run is recorded as skipped, never
+run as something else, before anything else is paid for); one preflight (``preflight.py``: the model built once,
+its dry step, its FLOPs by dtype); then the outputs opened and each seed trained as a ``SeedJob``; the arm's
+summary. When a seed is resumed or reused is the policy of
 ``resume.py``; every side effect (files under models/<arm>/, resume checkpoints, MLflow, log lines) goes through
 ``ArmOutputs`` (``outputs.py``), which does nothing on DDP ranks other than 0.
 """
@@ -22,18 +24,18 @@ from ampbench.data.prepare import load_prepared
 from ampbench.errors import AmpbenchError, ArmUnavailable, Diverged, Interrupted, StoreError
 from ampbench.precision.policy import describe_line, resolve_device, resolve_policy
 from ampbench.report.advice import float32_fix
+from ampbench.report.size import estimate, request_size
 from ampbench.runtime import distributed
 from ampbench.runtime.files import dvc_md5, json_digest
 from ampbench.runtime.hardware import fingerprint, peak_memory_mb, reset_peak_memory
 from ampbench.stages import resume
 from ampbench.stages.outputs import ArmOutputs, ClusterCell, SeedJob
-from ampbench.stages.preflight import check_16_bit_work, check_model, check_steps, estimate, request_size
+from ampbench.stages.preflight import check_steps, preflight
 from ampbench.tasks.resolve import resolve_task
 from ampbench.training import checkpoint
 from ampbench.training.activations import merge_tables
-from ampbench.training.flops import count_step_flops
 from ampbench.training.instruments import epoch_line
-from ampbench.training.loop import build_run, fit, memory_format, throughput
+from ampbench.training.loop import build_run, fit, throughput
 from ampbench.training.state import EpochRecord, LoopConfig, TrainState
 
 
@@ -49,17 +51,16 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
     out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, {**tags, "dvc.data_md5": data_md5},
                      enabled=world.is_main, cell=cell)
     try:
-        task = resolve_task(params.train.task, params.train.block_size)
-        data = task.view(load_prepared(data_dir))
-        check_steps(params, data, world)
-        model = check_model(params, data, task, device)  # before anything is written: a model that does not fit fails
-        try:
+        try:  # first: an arm this device cannot run pays for nothing else
             policy = resolve_policy(arm, device, params.train.fp32_modules)
         except ArmUnavailable as exc:
             if cell is not None:  # a cluster cell placed on a node that cannot run the arm: refuse, never record
                 raise
-            return _skipped(out, exc, device, model)
-        check_16_bit_work(arm, policy, params, data, task, device)
+            return _skipped(out, exc, device)
+        task = resolve_task(params.train.task, params.train.block_size)
+        data = task.view(load_prepared(data_dir))
+        check_steps(params, data, world)
+        pre = preflight(arm, policy, params, data, task, device)  # before anything is written
         plan = request_size(params)
         if plan:
             out.log(plan)
@@ -69,13 +70,13 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
             for seed in cell.seeds if cell else params.train.seeds:
                 key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
                 job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key,
-                              model, task)
-                seeds[str(seed)] = _train_seed(job, data_dir, out)
+                              pre.model, task)
+                seeds[str(seed)] = _train_seed(job, data_dir, out, pre.flops if seed == params.train.seeds[0] else None)
         except StoreError as exc:
             raise StoreError(f"{exc} — the epochs done are kept in {resume_dir}: run the stage again once the "
                              "store works, it continues from there") from None
         distributed.barrier(world)
-        summary = _arm_summary(arm, params, policy, device, world, model, {s: r for s, (r, _) in seeds.items()})
+        summary = _arm_summary(arm, params, policy, device, world, pre.model, {s: r for s, (r, _) in seeds.items()})
         if cell is not None:
             return summary  # the seeds wait in resume_dir; the train stage that collects them writes the arm
         out.finished(summary, {s: [r.row() for r in records] for s, (_, records) in seeds.items()},
@@ -87,10 +88,11 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         distributed.shutdown(world)
 
 
-def _skipped(out: ArmOutputs, why: ArmUnavailable, device: torch.device, model: dict[str, Any]) -> dict[str, Any]:
-    """An arm this device cannot run honestly: recorded as skipped, with why (never run as something else)."""
+def _skipped(out: ArmOutputs, why: ArmUnavailable, device: torch.device) -> dict[str, Any]:
+    """An arm this device cannot run honestly: recorded as skipped, with why (never run as something else), before
+    its model is built."""
     out.log(f"skipped: {why}")
-    summary = {"arm": out.arm, "skipped": str(why), "hardware": fingerprint(device), "model": model}
+    summary = {"arm": out.arm, "skipped": str(why), "hardware": fingerprint(device), "model": None}
     out.finished(summary, {})
     return summary
 
@@ -148,8 +150,10 @@ def eval_interval(eval_every: int | None, batches: int) -> int:
     return max(1, batches // 4) if eval_every is None else eval_every
 
 
-def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str, Any], list[EpochRecord]]:
-    """Train (or resume, or reuse) one seed; returns its summary record and its epochs."""
+def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs,
+                flops: dict[str, Any] | None) -> tuple[dict[str, Any], list[EpochRecord]]:
+    """Train (or resume, or reuse) one seed; returns its summary record and its epochs. ``flops``: the preflight's
+    counted step, recorded with the first seed."""
     prior = resume.load(job.resume_path, job.arm, job.key)  # every rank reads it; only rank 0 writes
     if prior is not None and prior[1].done is not None:
         ck, progress = prior
@@ -171,7 +175,6 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs) -> tuple[dict[str
     state.model = distributed.wrap(model, job.world, job.device)
     if job.params.train.compile:
         state.model = torch.compile(state.model)
-    flops = count_flops(job, model) if job.seed == job.params.train.seeds[0] else None
     try:
         record = _fit_in_run(job, model, state, cfg, progress, data_dir, out, flops, fresh=prior is None)
     except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
@@ -243,18 +246,6 @@ def _diverged(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: A
         out.log(f"seed {job.seed}: keep it in float32: {fix}")
     out.numerics(job, progress.run_id, record)
     return record
-
-
-def count_flops(job: SeedJob, model: torch.nn.Module) -> dict[str, Any]:
-    """One training step's forward and backward on up to 16 training samples, counted by dtype at the dispatcher
-    (flops.count_step_flops), with the TF32 state read back; training is unaffected."""
-    split = job.data.train
-    n = min(job.params.train.batch_size, 16, len(split))
-    x = job.policy.cast_input(split.inputs(split.x[:n].to(job.device)))
-    x = x.to(memory_format=memory_format(job.params.train))
-    counted = count_step_flops(model, job.policy, x, split.y[:n].to(job.device), job.task)
-    counted["cuda_matmul_fp32_precision"] = torch.backends.cuda.matmul.fp32_precision
-    return counted
 
 
 def where(device: torch.device, node: str | None) -> dict[str, Any]:

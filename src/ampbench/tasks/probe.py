@@ -1,7 +1,7 @@
 """The Task contract held on what a task's methods *return*, not only on their names (``resolve.py`` checks those).
 
 - ``check_loss`` and ``check_grad_path``: the training loss is a 0-dim floating tensor with a grad path to the
-  model's parameters (the dry run, ``models.factory.inspect_model``, on two training samples);
+  model's parameters (the dry run, ``models.factory.check_built``, on two training samples);
 - ``check_outcomes``: ``evaluate``'s per-example outcomes: one number per test example, the same keys on every call;
 - ``probe_outcomes``: the same values in the same order on a second call, and each example's value its own (the
   first test examples cut into other batches give the same values). The pairing of arms, the basis of every
