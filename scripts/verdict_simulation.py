@@ -114,7 +114,7 @@ def cell(kind: str, scenario: str, seeds: int, examples: int, discordance: float
 def sequential_cell(kind: str, scenario: str, design: Design, examples: int, discordance: float | None,
                     delta: float, reps: int, seed: int = 0) -> dict:
     """One cell of the sequential procedure (``verdict/sequential.py``): each replicate draws ``design.max_seeds``
-    seeds and looks after each from ``min_seeds``, at the look's nominal levels, stopping at the first look at which
+    seeds and looks after each from ``min_seeds``, at the look's levels (each interval at its own), stopping at the first look at which
     the deciding verdicts are decided (or at the maximum). Shares of replicates whose reported interval (at the
     stopping look) covers the truth, whose verdicts are *not worse*, *equivalent* and *worse*; the mean and the
     quartiles of the seeds they trained, and the share that stopped at each look (``stopped_at``: seeds → share)."""
@@ -132,12 +132,13 @@ def sequential_cell(kind: str, scenario: str, design: Design, examples: int, dis
             d, target = draw_loss(rng, scenario, design.max_seeds, examples, delta)
             stats = lambda s, level, d=d: paired_mean(d[:s], level)  # noqa: E731
         for lk in looks:
-            one = stats(lk.seeds, lk.decide_confidence)
+            report, decide = lk.levels()  # each interval of the hull at its own level
+            one = stats(lk.seeds, decide)
             nw = not_worse(one, margin, higher)[0]
             eq = verdict(one, margin, higher, one_sided=True)[0]
             if design.decided(nw, eq):
                 break
-        two = stats(lk.seeds, lk.report_confidence)
+        two = stats(lk.seeds, report)
         covered += two.ci_low <= target <= two.ci_high
         equivalent += eq == "equivalent"
         not_worse_ += nw == "not worse"

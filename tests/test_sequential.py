@@ -87,6 +87,53 @@ def test_the_looks_levels_spend_exactly_alpha_on_brownian_paths(which, alpha):
     assert _first_crossings(fractions, [alpha] * len(fractions), paths=50_000).sum() > 2 * alpha
 
 
+def _t_interval_alone(design: Design, levels: list[float], paths: int = 200_000, seed: int = 7) -> tuple[float, float]:
+    """The Student-t interval over seeds alone, looked at after every seed of ``design`` with one-sided ``levels``,
+    on normal per-seed differences whose mean lies on the margin (−1, accuracy's side; sd 0.25, so the far end of
+    the equivalence test is inside): (false *not worse*, false *equivalent*), each at the look that decided it
+    (not worse: the lower bound clears −1, worse: the upper one is below it; with ``until equivalent`` the
+    equivalence verdict must be decided too), or at the last look. Paths independent of the levels' own."""
+    rng = np.random.default_rng(seed)
+    d = rng.normal(-1.0, 0.25, size=(paths, design.max_seeds))
+    open_ = np.ones(paths, dtype=bool)
+    false_nw = np.zeros(paths, dtype=bool)
+    false_eq = np.zeros(paths, dtype=bool)
+    for lk, level in zip(design.looks(), levels, strict=True):
+        x = d[:, :lk.seeds]
+        half = st.t.isf(level, lk.seeds - 1) * x.std(axis=1, ddof=1) / math.sqrt(lk.seeds)
+        lo, hi = x.mean(axis=1) - half, x.mean(axis=1) + half
+        nw, worse = lo >= -1, hi < -1
+        eq = nw & (hi <= 1)
+        decided = (nw | worse) & ((eq | worse | (lo > 1)) if design.until == "equivalent" else True)
+        stop = open_ & (decided | (lk.seeds == design.max_seeds))
+        false_nw |= stop & nw
+        false_eq |= stop & eq
+        open_ &= ~stop
+    return float(false_nw.mean()), float(false_eq.mean())
+
+
+T_DESIGNS = [Design(3, 6, "pocock"), Design(3, 8, "pocock"), Design(3, 10, "obrien_fleming"), Design(2, 6, "pocock"),
+             Design(3, 8, "pocock", until="equivalent")]
+
+
+@pytest.mark.parametrize("design", T_DESIGNS, ids=lambda d: f"{d.min_seeds}-{d.max_seeds}-{d.spending}-{d.until}")
+def test_the_seeds_levels_make_the_t_interval_exact_and_the_normal_ones_do_not(design):
+    """Where the seeds carry the variance, the verdict is the t interval's: at the looks' seeds levels its false
+    *not worse* and *equivalent* on the margin are 5% within simulation error (200,000 paths: sd 0.05 points, and
+    the levels' own 400,000: 0.03), whatever the seeds' sd; at the normal levels (those of the examples' interval)
+    they are 5.4–5.9%. (The seeds' sd cancels in t: any other gives the same verdicts on the same draws.)"""
+    looks = design.looks()
+    seeds_levels = [(1 - lk.seed_decide_confidence) / 2 for lk in looks]
+    false_nw, false_eq = _t_interval_alone(design, seeds_levels)
+    assert false_nw == pytest.approx(0.05, abs=0.0025)
+    assert false_eq == pytest.approx(0.05, abs=0.0025)
+    normal_nw, _ = _t_interval_alone(design, [(1 - lk.decide_confidence) / 2 for lk in looks])
+    assert normal_nw > 0.05 + 0.0025, normal_nw
+    # the first look is alone: Student's t quantile itself, where the two levels agree; later looks are stricter
+    assert seeds_levels[0] == pytest.approx((1 - looks[0].decide_confidence) / 2, rel=1e-9)
+    assert all(s < (1 - lk.decide_confidence) / 2 for s, lk in zip(seeds_levels[1:], looks[1:], strict=True))
+
+
 @pytest.mark.parametrize("design", [Design(3, 6, "pocock"), Design(3, 8, "pocock"), Design(3, 10, "obrien_fleming"),
                                     Design(2, 5, "obrien_fleming"), Design(4, 4, "pocock")])
 def test_every_look_is_stricter_than_the_fixed_design(design):
@@ -143,9 +190,9 @@ def test_decided_needs_not_worse_alone_or_equivalence_too():
     assert eq.decided("worse", "worse") and not eq.decided("inconclusive", "inconclusive")
 
 
-def _levels(design: Design, seeds: int) -> tuple[float, float]:
+def _levels(design: Design, seeds: int) -> tuple[float, float, float, float]:
     lk = design.looks()[seeds - design.min_seeds]
-    return lk.decide_confidence, lk.report_confidence
+    return lk.decide_confidence, lk.report_confidence, lk.seed_decide_confidence, lk.seed_report_confidence
 
 
 def test_outcome_stops_when_every_arm_decided():

@@ -57,13 +57,15 @@ def sequential_lines(context: RunContext) -> list[str]:
         return []
     o, d = context.looks.outcome, context.looks.design
     where = "; ".join(f"{arm} {'at ' + str(at) + ' seeds' if at else 'undecided'}" for arm, at in o.decided_at.items())
-    level, alpha = 100 * (1 - o.look.decide_confidence) / 2, 100 * (1 - d.confidence)
+    alpha = 100 * (1 - d.confidence)
+    examples, seeds = (100 * (1 - c) / 2 for c in (o.look.decide_confidence, o.look.seed_decide_confidence))
     return [f"**Seeds until decided** ({'stopped' if o.stopped else 'going on'}): {o.reason}. Decided: {where}. "
             f"Looks from {d.min_seeds} to {d.max_seeds} seeds, {d.spending.replace('_', '–')} alpha spending: each "
-            f"look's one-sided bounds leave {level:.2f}% on each side here, less than a single look's {alpha:g}%, "
-            f"so that over every look false *not worse* and *equivalent* verdicts stay at {alpha:g}% and the "
-            f"intervals cover at {100 * d.confidence:g}%; an arm's verdicts are those of the look that decided it "
-            "(docs/verdict.md#seeds-until-decided).", ""]
+            f"look's one-sided bounds leave less than a single look's {alpha:g}% on each side, here {examples:.2f}% "
+            f"for the examples' interval and {seeds:.2f}% for the seeds' t interval (each exact for its own "
+            f"statistic), so that over every look false *not worse* and *equivalent* verdicts stay at {alpha:g}% "
+            f"and the intervals cover at {100 * d.confidence:g}%; an arm's verdicts are those of the look that "
+            "decided it (docs/verdict.md#seeds-until-decided).", ""]
 
 
 FIRST_TABLE_COLUMNS = ("arm", "not worse?", "Δ [CI]", "speed × fp32 [CI]", "time to fp32's quality × fp32",

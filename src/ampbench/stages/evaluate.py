@@ -226,8 +226,7 @@ def _judge(reports: list[ArmReport], outcomes: dict[str, Outcomes], task: Task, 
             continue
         decided_at[r.arm] = None
         for look in (lk for lk in design.looks() if lk.seeds <= len(r.per_seed)):
-            r.stats = _paired(r, outcomes, task, margins, noise, look.report_confidence, look.decide_confidence,
-                              look.seeds)
+            r.stats = _paired(r, outcomes, task, margins, noise, *look.levels(), look.seeds)
             if design.decided(r.stats.decided.not_worse, r.stats.decided.verdict):
                 decided_at[r.arm] = look.seeds
                 break

@@ -8,19 +8,22 @@ function (Lan & DeMets 1983): ``alpha(t)`` is the error allowed to have been spe
 ``t = seeds / max_seeds``, and look k's critical value is set so that the chance of a first crossing there, under
 the margin, is ``alpha(t_k) − alpha(t_{k−1})``. The chances come from the canonical joint distribution of
 sequential statistics (Brownian motion at times t_k; Jennison & Turnbull 2000, ch. 19), integrated numerically on
-a grid, so the nominal levels are exact for a normal statistic and are applied to the hull's two intervals (the
-Student-t over seeds and the score interval over examples) at that look; ``scripts/verdict_simulation.py``
-checks the whole procedure's false decisions, coverage, power and expected seeds.
+a grid, so these nominal levels are exact for a normal statistic (the examples' interval); the seeds' Student-t
+interval has levels of its own (below). ``scripts/verdict_simulation.py`` checks the whole procedure's false
+decisions, coverage, power and expected seeds.
 
 - ``obrien_fleming``: ``2 − 2Φ(z_{1−α/2} / √t)``: almost nothing at early looks, nearly the full alpha at the
   last, so a run that goes to ``max_seeds`` loses little power against a fixed design.
 - ``pocock``: ``α · ln(1 + (e − 1) t)``: evenly spread; earlier stops, a stricter last look.
 
 The intervals at every look are repeated confidence bounds: they hold at all looks at once, so the verdict of
-the look at which an arm decided stays valid whatever happens at later looks. Exactly so for a normal statistic;
-the t interval over few seeds shares its variance estimate between looks, which the calculation does not know: on
-its own it crosses in 5.4–5.9% at a nominal 5% (docs/verdict-simulation.md), about what the fixed design shows
-where seeds carry the variance. No torch, files or MLflow here.
+the look at which an arm decided stays valid whatever happens at later looks. The nominal levels are exact for a
+normal statistic, so they are what the examples' interval uses. The Student-t interval over seeds is not such a
+statistic: its variance estimate has few degrees of freedom and is shared from look to look, and at the nominal
+levels it crossed in 5.4–5.9% at 5%. Its levels are calibrated for the t statistic itself (``t_levels``): under
+normal per-seed differences on the margin, the joint law of the looks' t statistics does not depend on the seeds'
+variance, so levels found on simulated paths of it are exact whatever that variance is, up to the simulation's
+error (stated there). The hull takes each interval at its own level. No torch, files or MLflow here.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+
+from ampbench.verdict.stats import Confidence
 
 SPENDING = ("obrien_fleming", "pocock")
 UNTIL = ("not_worse", "equivalent")  # which of the deciding metric's verdicts must be decided before stopping
@@ -89,6 +94,57 @@ def nominal_levels(fractions: tuple[float, ...], increments: tuple[float, ...]) 
     return tuple(levels)
 
 
+T_PATHS = 400_000  # paths of the t statistic per design: one binomial sd of a 5% total is 0.034 points
+T_SEED = 20261207  # fixed: the levels of a design are the same in every run, on every machine
+
+
+@lru_cache(maxsize=64)
+def t_levels(counts: tuple[int, ...], increments: tuple[float, ...]) -> tuple[float, ...]:
+    """One-sided level of each look's Student-t interval over seeds, ``t.sf(c_k, n_k − 1)``, such that the t
+    statistic of normal per-seed differences centred on the margin, T_k = √n_k · mean_k / s_k over the first n_k =
+    ``counts[k]`` seeds, first exceeds c_k at look k with chance ``increments[k]``.
+
+    T is a ratio in which the seeds' scale cancels, so the law of (T_1, …, T_K), and with it the levels, is the
+    same whatever the seeds' variance; it is not that of a normal statistic, as the looks share their seeds and
+    their variance estimates. The first look's c_1 is Student's t quantile. The later ones come from ``T_PATHS``
+    seeded paths: c_k is the value that exactly ``increments[k] · T_PATHS`` of the paths not stopped before
+    exceed. Their total chance of a crossing, under the true law, is then within about ±0.034 points of 5% (one
+    binomial sd), far below the 0.4–0.9 points the normal levels are off by here."""
+    import numpy as np
+    from scipy import stats as st
+
+    if any(b <= a for a, b in zip(counts, counts[1:], strict=False)) or counts[0] < 2:
+        raise ValueError(f"looks at increasing seed counts from 2, got {counts}")
+    rng = np.random.default_rng(T_SEED)
+    total = np.zeros(T_PATHS)
+    squares = np.zeros(T_PATHS)
+    alive = np.ones(T_PATHS, dtype=bool)
+    levels: list[float] = []
+    n = 0
+    for count, inc in zip(counts, increments, strict=True):
+        if inc <= 0:
+            raise ValueError("every look needs some error to spend (an increasing spending function)")
+        while n < count:  # one seed at a time: memory stays at a few columns whatever max_seeds is
+            x = rng.standard_normal(T_PATHS)
+            total += x
+            squares += x * x
+            n += 1
+        mean = total / n
+        t = mean / np.sqrt(np.maximum(squares - n * mean * mean, 0.0) / (n - 1) / n)
+        crossing = int(round(inc * T_PATHS))
+        if not levels:  # the first look alone: T_1 is Student's t, its quantile exact
+            c = float(st.t.isf(inc, count - 1))
+        elif crossing < 1:  # less than one path's worth of error at this look: it spends none
+            levels.append(0.0)
+            continue
+        else:
+            top = -np.partition(-t[alive], (crossing - 1, crossing))  # the crossing-th and next largest in place
+            c = float((top[crossing - 1] + top[crossing]) / 2)  # exactly ``crossing`` paths above it
+        alive &= t <= c
+        levels.append(float(st.t.sf(c, count - 1)))
+    return tuple(levels)
+
+
 @dataclass(frozen=True)
 class Look:
     """One look of a design: how many seeds, and the two confidence levels its intervals are computed at."""
@@ -97,6 +153,14 @@ class Look:
     seeds: int
     decide_confidence: float  # two-sided level whose ends are this look's one-sided decision bounds
     report_confidence: float  # two-sided level of the interval the report shows at this look
+    # The same two for the Student-t interval over seeds (``t_levels``); the two above are the examples' interval's.
+    seed_decide_confidence: float
+    seed_report_confidence: float
+
+    def levels(self) -> tuple[Confidence, Confidence]:
+        """(report, decide) confidence, each with the level of its interval over seeds."""
+        return (Confidence(self.report_confidence, self.seed_report_confidence),
+                Confidence(self.decide_confidence, self.seed_decide_confidence))
 
 
 @dataclass(frozen=True)
@@ -129,14 +193,15 @@ class Design:
         fractions = tuple(s / self.max_seeds for s in counts)
         alpha = 1 - self.confidence  # one-sided error of the decisions; the report's interval spends half a side
 
-        def levels(a: float) -> tuple[float, ...]:
+        def increments(a: float) -> tuple[float, ...]:
             cumulative = [spent(self.spending, a, t) for t in fractions]
-            steps = zip(cumulative, [0.0] + cumulative[:-1], strict=True)
-            return nominal_levels(fractions, tuple(round(x - y, 15) for x, y in steps))
+            return tuple(round(x - y, 15) for x, y in zip(cumulative, [0.0] + cumulative[:-1], strict=True))
 
-        decide, report = levels(alpha), levels(alpha / 2)
-        rows = enumerate(zip(counts, decide, report, strict=True))
-        return [Look(i + 1, s, 1 - 2 * d, 1 - 2 * r) for i, (s, d, r) in rows]
+        decide, report = increments(alpha), increments(alpha / 2)
+        rows = zip(counts, nominal_levels(fractions, decide), nominal_levels(fractions, report),
+                   t_levels(tuple(counts), decide), t_levels(tuple(counts), report), strict=True)
+        return [Look(i + 1, s, 1 - 2 * d, 1 - 2 * r, 1 - 2 * td, 1 - 2 * tr)
+                for i, (s, d, r, td, tr) in enumerate(rows)]
 
     def look(self, seeds: int) -> Look:
         """The look at ``seeds`` seeds (ValueError outside the design)."""
@@ -171,7 +236,10 @@ class Outcome:
                 "seeds": self.look.seeds, "stopped": self.stopped, "reason": self.reason,
                 "decided_at_seeds": self.decided_at,
                 "levels": [{"seeds": lk.seeds, "one_sided_level": round((1 - lk.decide_confidence) / 2, 8),
-                            "report_confidence": round(lk.report_confidence, 8)} for lk in design.looks()]}
+                            "report_confidence": round(lk.report_confidence, 8),
+                            "seeds_one_sided_level": round((1 - lk.seed_decide_confidence) / 2, 8),
+                            "seeds_report_confidence": round(lk.seed_report_confidence, 8)}
+                           for lk in design.looks()]}
 
 
 def outcome(design: Design, seeds: int, decided_at: dict[str, int | None]) -> Outcome:
@@ -212,4 +280,7 @@ class Looks:
         design shares (``sequential.group``, set by the caller from the params without the seeds)."""
         o = self.outcome
         return {"sequential.look": f"{o.look.index} of {o.planned}", "sequential.seeds": str(o.look.seeds),
-                "sequential.stopped": str(o.stopped).lower(), "sequential.reason": o.reason}
+                "sequential.stopped": str(o.stopped).lower(), "sequential.reason": o.reason,
+                # the one-sided levels this look's decisions used: the examples' interval and the seeds' t interval
+                "sequential.level_examples": f"{(1 - o.look.decide_confidence) / 2:.6f}",
+                "sequential.level_seeds": f"{(1 - o.look.seed_decide_confidence) / 2:.6f}"}

@@ -29,6 +29,25 @@ import statistics
 from dataclasses import asdict, dataclass
 
 
+class Confidence(float):
+    """A two-sided confidence level (the float: what the examples' interval uses) whose Student-t interval over
+    seeds (``paired_ci``) uses its own level ``seeds``: a sequential design's look, where the two intervals' levels
+    are calibrated each for its own statistic (``sequential.t_levels``). A plain float is both; a task's own
+    ``paired`` that reads the float alone uses the examples' level for both."""
+
+    seeds: float
+
+    def __new__(cls, level: float, seeds: float | None = None):
+        obj = super().__new__(cls, level)
+        obj.seeds = float(level) if seeds is None else float(seeds)
+        return obj
+
+
+def seeds_level(confidence: float) -> float:
+    """The level of the t interval over seeds at ``confidence`` (``Confidence.seeds``, else the level itself)."""
+    return float(getattr(confidence, "seeds", confidence))
+
+
 @dataclass(frozen=True)
 class PairedSummary:
     """Paired differences (arm − fp32) of one metric: the mean over seeds (and examples) and its interval."""
@@ -54,9 +73,10 @@ class PairedSummary:
 def paired_ci(differences: list[float], confidence: float = 0.95,
               bounds: tuple[float | None, float | None] = (None, None)) -> PairedSummary:
     """Mean of the differences with a two-sided Student-t interval (df = n − 1), cut to ``bounds`` (the range the
-    quantity can take, e.g. (0, 1) for a share)."""
+    quantity can take, e.g. (0, 1) for a share), at ``seeds_level(confidence)``."""
     from scipy import stats as st
 
+    confidence = seeds_level(confidence)
     n = len(differences)
     if n == 0:
         raise ValueError("no paired differences")
@@ -145,12 +165,12 @@ def paired_accuracy(arm_correct, ref_correct, confidence: float = 0.95, finite: 
     per_seed = paired_ci([float(x) for x in d.mean(axis=1)], confidence, (-1, 1))
     extra = {"pairs": n, "arm_right_fp32_wrong": b, "fp32_right_arm_wrong": c}
     if not finite:
-        return PairedSummary(s, math.nan, math.nan, None, None, confidence, finite=False, **extra)
+        return PairedSummary(s, math.nan, math.nan, None, None, float(confidence), finite=False, **extra)
     comp = components(d)
     deff = comp.design_effect  # S with no discordant pair: S seeds of 270 agreeing examples are not 270·S pairs
     critical = critical_value(confidence, max(n_ex - 1, 1))
     low, high = _hull(*tango_interval(b / deff, c / deff, n / deff, confidence, critical), per_seed)
-    return PairedSummary(s, (b - c) / n, per_seed.std, low, high, confidence, design_effect=deff,
+    return PairedSummary(s, (b - c) / n, per_seed.std, low, high, float(confidence), design_effect=deff,
                          components=comp.to_dict(), **extra)
 
 
@@ -167,13 +187,13 @@ def paired_mean(d, confidence: float = 0.95, bounds: tuple[float | None, float |
     d = np.asarray(d, dtype=np.float64)
     s, n_ex = d.shape
     if not finite or not np.isfinite(d).all():
-        return PairedSummary(s, math.nan, math.nan, None, None, confidence, finite=False, pairs=d.size)
+        return PairedSummary(s, math.nan, math.nan, None, None, float(confidence), finite=False, pairs=d.size)
     per_seed = paired_ci([float(x) for x in d.mean(axis=1)], confidence, bounds)
     comp = components(d)
     mean = float(d.mean())
     half = critical_value(confidence, max(n_ex - 1, 1)) * math.sqrt(comp.example_variance)
     low, high = _hull(*_clip(mean - half, mean + half, bounds), per_seed)
-    return PairedSummary(s, mean, per_seed.std, low, high, confidence, pairs=d.size,
+    return PairedSummary(s, mean, per_seed.std, low, high, float(confidence), pairs=d.size,
                          design_effect=comp.design_effect, components=comp.to_dict())
 
 
