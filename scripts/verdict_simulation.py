@@ -114,10 +114,11 @@ def cell(kind: str, scenario: str, seeds: int, examples: int, discordance: float
 def sequential_cell(kind: str, scenario: str, design: Design, examples: int, discordance: float | None,
                     delta: float, reps: int, seed: int = 0) -> dict:
     """One cell of the sequential procedure (``verdict/sequential.py``): each replicate draws ``design.max_seeds``
-    seeds and looks after each from ``min_seeds``, at the look's levels (each interval at its own), stopping at the first look at which
-    the deciding verdicts are decided (or at the maximum). Shares of replicates whose reported interval (at the
-    stopping look) covers the truth, whose verdicts are *not worse*, *equivalent* and *worse*; the mean and the
-    quartiles of the seeds they trained, and the share that stopped at each look (``stopped_at``: seeds → share)."""
+    seeds and looks after each from ``min_seeds``, at the look's levels (each interval of the hull at its own),
+    stopping at the first look at which the deciding verdicts are decided (or at the maximum). Shares of
+    replicates whose reported interval (at the stopping look) covers the truth, whose verdicts are *not worse*,
+    *equivalent* and *worse*; the mean and the quartiles of the seeds they trained, and the share that stopped at
+    each look (``stopped_at``: seeds → share)."""
     rng = np.random.default_rng(seed)
     margin = MARGIN_ACCURACY if kind == "accuracy" else MARGIN_LOSS
     higher = kind == "accuracy"

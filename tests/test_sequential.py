@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from ampbench.verdict.sequential import Design, Look, nominal_levels, outcome, spent
+from ampbench.verdict.sequential import Design, Look, Looks, nominal_levels, outcome, spent
 
 
 def _critical_values(spending: str, looks: int, alpha: float) -> list[float]:
@@ -132,6 +132,24 @@ def test_the_seeds_levels_make_the_t_interval_exact_and_the_normal_ones_do_not(d
     # the first look is alone: Student's t quantile itself, where the two levels agree; later looks are stricter
     assert seeds_levels[0] == pytest.approx((1 - looks[0].decide_confidence) / 2, rel=1e-9)
     assert all(s < (1 - lk.decide_confidence) / 2 for s, lk in zip(seeds_levels[1:], looks[1:], strict=True))
+
+
+def test_a_look_says_the_levels_of_both_intervals_in_details_and_tags():
+    """What `ampbench decide` shows: details.json's ``sequential.levels`` (every look, both intervals) and the
+    parent run's tags (this look's one-sided levels), the same numbers the verdicts used."""
+    design = Design(3, 8, "pocock")
+    looks = Looks(design, outcome(design, 5, {"bf16": None}))
+    row = looks.to_dict()["levels"][2]
+    lk = design.look(5)
+    assert row["seeds"] == 5 and row["one_sided_level"] == pytest.approx((1 - lk.decide_confidence) / 2)
+    assert row["seeds_one_sided_level"] == pytest.approx((1 - lk.seed_decide_confidence) / 2)
+    assert row["seeds_one_sided_level"] < row["one_sided_level"]
+    tags = looks.tags()
+    assert float(tags["sequential.level_examples"]) == pytest.approx(row["one_sided_level"], abs=1e-6)
+    assert float(tags["sequential.level_seeds"]) == pytest.approx(row["seeds_one_sided_level"], abs=1e-6)
+    report, decide = lk.levels()  # what evaluate hands the task: each interval's level in one value
+    assert float(decide) == lk.decide_confidence and decide.seeds == lk.seed_decide_confidence
+    assert float(report) == lk.report_confidence and report.seeds == lk.seed_report_confidence
 
 
 @pytest.mark.parametrize("design", [Design(3, 6, "pocock"), Design(3, 8, "pocock"), Design(3, 10, "obrien_fleming"),
