@@ -92,9 +92,10 @@ def test_signals_reach_the_stage_and_a_killed_client_stops_it(tmp_path):
     proc.kill()  # SIGKILL: the client cannot pass anything on; the server sees its end close
     proc.wait(timeout=10)
     deadline = time.monotonic() + 30
-    while not (tmp_path / "got2").exists() and time.monotonic() < deadline:
+    got = tmp_path / "got2"  # open() creates it before write() fills it: wait for its content
+    while not (got.exists() and got.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert (tmp_path / "got2").read_text() == str(int(signal.SIGTERM))
+    assert got.read_text() == str(int(signal.SIGTERM))
 
     killed = tmp_path / "killed.py"
     killed.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
@@ -109,8 +110,8 @@ def test_a_stage_started_with_sigint_ignored_keeps_it_ignored(tmp_path, preload)
     script.write_text("import os, sys, time\n"
                       "from ampbench.runtime import signals\n"
                       "signals.handle_signals_once()\n"
-                      "print('ready', flush=True)\n"
                       "try:\n"
+                      "    print('ready', flush=True)\n"  # inside: a signal right after it is handled too
                       "    while not os.path.exists('go'):\n"
                       "        signals.checkpoint(); time.sleep(0.02)\n"
                       "except KeyboardInterrupt as exc:\n"
@@ -123,9 +124,10 @@ def test_a_stage_started_with_sigint_ignored_keeps_it_ignored(tmp_path, preload)
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(sig)
-        time.sleep(0.5)  # heard, it would have ended the wait by now
-        (tmp_path / "go").touch()
-        out, err = proc.communicate(timeout=30)
+        if sig == signal.SIGINT:  # ignored, the wait goes on until told; heard, it would have ended by now
+            time.sleep(0.5)
+            (tmp_path / "go").touch()
+        out, err = proc.communicate(timeout=30)  # SIGTERM must end the wait by itself
         assert (proc.returncode, out.strip()) == expected, err
 
 
