@@ -343,3 +343,66 @@ def test_islands_compile():
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
     out.float().sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# --- when nothing overflows: which module to keep in float32 ----------------------------------------------------
+
+def test_the_ranking_names_the_module_whose_fix_removes_the_error():
+    """examples/offset_model.py's ``coords`` loses its input's differences in 16 bits (features around a large
+    origin, every value finite); its leaf ``coords.proj`` kept alone would not help (the addition before it already
+    ran in 16 bits), nor would any other module. And the planted fp16 overflow: keeping ``gain`` (or ``fc2``, whose
+    float32 output ``gain`` then multiplies in float32) makes the output finite."""
+    from examples.offset_model import build as offset_model
+
+    from ampbench.errors import ParamsError
+    from ampbench.tasks.classification import CLASSIFICATION
+    from ampbench.training.sensitivity import rank
+
+    torch.manual_seed(0)
+    inputs = [torch.randn(64, 1, 8, 8) for _ in range(2)]
+    for arm in ("bf16", "fp16"):
+        r = rank(offset_model((1, 8, 8), 10), resolve_policy(arm, CPU), inputs, CLASSIFICATION)
+        assert r.modules[0].module == "coords" and r.modules[0].kept < 0.02 * r.arm_error, r
+        assert r.arm_error > 0.5 and all(m.kept > 0.5 * r.arm_error for m in r.modules[1:]), r
+        assert {m.module for m in r.modules} >= {"fc1", "coords", "coords.proj", "head", "act1"}
+    overflow = rank(build((1, 8, 8), 10), resolve_policy("fp16", CPU), inputs, CLASSIFICATION)
+    assert overflow.arm_error == float("inf") and {m.module for m in overflow.modules[:2]} == {"gain", "fc2"}
+    assert all(m.kept == float("inf") for m in overflow.modules[2:]), overflow
+    with pytest.raises(ParamsError, match="bf16_pure: the ranking measures autocast arms"):
+        rank(build((1, 8, 8), 10), resolve_policy("bf16_pure", CPU), inputs, CLASSIFICATION)
+
+
+def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp_path, mlflow_store, write_params):
+    """The issue's case end to end: bf16 trains the offset model to far worse than fp32 with every value finite,
+    so the first-non-finite probe has nothing to name; `ampbench sensitivity bf16` ranks ``coords`` first and gives
+    its -S line; with it the bf16 arm is not worse."""
+    from ampbench.cli import main as ampbench
+
+    params, data = easy
+    params = {**params, "train": {**params["train"], "model": "examples.offset_model:build",
+                                  "model_code": "examples/offset_model.py", "precisions": ["fp32", "bf16"]}}
+    out, reports = _pipeline(params, data, tmp_path, write_params, "offset")
+    details = json.loads((reports / "details.json").read_text())
+    assert details["bf16"]["not_worse"] != "not worse" and details["bf16"]["delta_accuracy_pp"] < -10, details["bf16"]
+    assert not json.loads((out / "bf16" / "summary.json").read_text())["first_nonfinite"]
+
+    root = tmp_path / "project"  # the layout `dvc repro` leaves: params.yaml, data/prepared, models/
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "prepared").symlink_to(data, target_is_directory=True)
+    (root / "models").symlink_to(out, target_is_directory=True)
+    (root / "params.yaml").write_text((tmp_path / "offset.yaml").read_text())
+    result = CliRunner().invoke(ampbench, ["sensitivity", "bf16", "--root", str(root), "--top", "4"])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    assert "| coords | Coordinates |" in result.output.splitlines()[4], result.output  # the first row
+    assert """.venv/bin/dvc exp run --temp -S 'train.fp32_modules=["coords"]'""" in result.output
+    assert "`ampbench sensitivity bf16` ranks the modules" in (reports / "report.md").read_text()
+    few = CliRunner().invoke(ampbench, ["sensitivity", "bf16", "--root", str(root), "--examples", "100"])
+    assert few.exit_code == 0 and "on 100 validation examples" in few.output, few.output
+    for args, message in ((["fp32"], "'fp32': not an arm of this run"), (["fp16"], "'fp16': not an arm of this run"),
+                          (["bf16", "--seed", "7"], "--seed 7: not one of train.seeds")):
+        bad = CliRunner().invoke(ampbench, ["sensitivity", *args, "--root", str(root)])
+        assert bad.exit_code == 2 and bad.output.startswith("error: ") and message in bad.output, bad.output
+
+    fixed = {**params, "train": {**params["train"], "fp32_modules": ["coords"]}}
+    out, reports = _pipeline(fixed, data, tmp_path, write_params, "offset-fixed")
+    assert json.loads((reports / "details.json").read_text())["bf16"]["not_worse"] == "not worse"

@@ -217,6 +217,21 @@ def decide(root: Path, min_seeds: int, max_seeds: int, spending: str, until: str
                "`dvc exp show`, and in MLflow under the tag sequential.group")
 
 
+@main.command()
+@click.argument("arm")
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
+              help="Project root: params.yaml, the prepared data and models/ as `dvc repro` left them.")
+@click.option("--seed", type=int, default=None, help="The fp32 seed ranked  [default: the first of train.seeds]")
+@click.option("--examples", type=click.IntRange(1), default=256, show_default=True, help="Validation examples used.")
+@click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Modules to list.")
+@one_line_errors
+def sensitivity(arm: str, root: Path, seed: int | None, examples: int, top: int) -> None:
+    """Rank the modules to keep in float32 for an autocast ARM (fp16, bf16); on the fp32 model, no training."""
+    from ampbench.stages.sensitivity import rank_in_project, ranking_lines
+
+    click.echo("\n".join(ranking_lines(rank_in_project(arm, root.resolve(), seed, examples), top)))
+
+
 @main.group()
 def cluster() -> None:
     """The pipeline with its training cells on a Ray cluster (docs/cluster.md; make install-cluster)."""

@@ -101,6 +101,7 @@ def recommendation(merged: dict[str, dict], context: RunContext) -> Recommendati
     if context.device_type == "cpu":
         notes += (" Measured on a CPU: mixed-precision speed on a GPU is a different story; rerun there before "
                   "deciding.")
+    notes += "".join(f" {line}." for line in (rank_hint(a, c) for a, c in candidates.items()) if line)
     bound = input_bound(merged)
     if bound:
         notes += f" Input-bound ({', '.join(bound)}): the speed ratios show the input pipeline more than the precision."
@@ -202,6 +203,19 @@ def _not_worse_text(c: dict[str, Any], by_loss: bool) -> str:
                 f"{also})")
     return (f"Accuracy and loss are not worse than fp32 (Δaccuracy {c['delta_accuracy_pp']:+.2f} pp, one-sided "
             f"lower bound {c.get('delta_accuracy_pp_bound', c['delta_accuracy_pp_ci_low']):+.2f} pp{also})")
+
+
+def rank_hint(arm: str, c: dict[str, Any]) -> str | None:
+    """For an autocast arm shown *worse* than fp32 with every value finite (nothing overflowed for the report to
+    name): the command that ranks which module to keep in float32."""
+    a = get_arm(arm)
+    if c.get("status") != "ok" or "worse" not in (c.get("not_worse"), c.get("loss_not_worse"),
+                                                  c.get("accuracy_not_worse")):
+        return None
+    if a.autocast is None or a.pure or a.float8:
+        return None
+    return (f"{arm} is worse than fp32 with every value finite: `ampbench sensitivity {arm}` ranks the modules to "
+            "keep in float32 (docs/finding-the-layer.md)")
 
 
 def fix_line(modules: list[str]) -> str:

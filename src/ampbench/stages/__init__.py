@@ -8,5 +8,6 @@
 - ``speed``: the speed stage: the harness (``speed/``) on the user's model, data and input path.
 - ``evaluate``: the evaluate stage: predict every arm and seed, the verdicts, the reports.
 - ``decide``: ``ampbench decide``: one ``dvc exp run`` per look of a sequential design, until it stops.
+- ``sensitivity``: ``ampbench sensitivity``: the ranking of the modules to keep in float32, on a project's fp32 model.
 - ``runs``: what the evaluate stage puts into MLflow (seed runs, the parent run), and logging it.
 """

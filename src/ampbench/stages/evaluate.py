@@ -24,7 +24,6 @@ from ampbench.config.params import EvaluateParams, Params
 from ampbench.config.records import (
     ArmSummary,
     SpeedResult,
-    check_checkpoint,
     check_history,
     check_speed,
     check_summary,
@@ -32,7 +31,6 @@ from ampbench.config.records import (
 from ampbench.data.prepare import cut_notes, load_prepared
 from ampbench.data.splits import Split
 from ampbench.errors import AmpbenchError, DataError, StoreError
-from ampbench.models.factory import ModelSpec, build_for
 from ampbench.precision.policy import resolve_device, resolve_policy
 from ampbench.report.advice import Recommendation, recommendation
 from ampbench.report.context import HeldOut, RunContext
@@ -153,22 +151,6 @@ def check_fingerprints(summaries: dict[str, ArmSummary]) -> None:
                             "cell on one kind (ampbench cluster repro --accelerator-type or --resource)")
 
 
-def _load_arm_model(ckpt_path: Path, arm: str, seed: int, device: torch.device) -> torch.nn.Module:
-    """``arm``'s final model of ``seed``, from a checkpoint that says it is that arm's and seed's."""
-    if not ckpt_path.exists():
-        raise DataError(f"{ckpt_path}: missing; {_RETRAIN}")
-    ck = checkpoint.load(ckpt_path)
-    raw = ck.get("meta") if isinstance(ck, dict) else None
-    m = check_checkpoint(raw, ckpt_path, arm, seed, _RETRAIN)
-    try:
-        model = build_for(ModelSpec.from_meta(m.model), m.contract)
-        model.load_state_dict(ck["model"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # altered: not what train wrote
-        raise DataError(f"{ckpt_path}: not a checkpoint the train stage wrote ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}); {_RETRAIN}") from None
-    return model.to(device).eval()
-
-
 def _predict_arms(params: Params, task: Task, summaries: dict[str, ArmSummary], test: Split, models_dir: Path,
                   device: torch.device) -> tuple[list[ArmReport], dict[str, Outcomes], dict[int, torch.Tensor]]:
     """Every arm's report (skipped and diverged ones with their reason), its per-example outcomes and the
@@ -199,7 +181,7 @@ def _evaluate_arm(summary: ArmSummary, params: Params, task: Task, test: Split, 
     ev = params.evaluate
     per_seed, examples = {}, {}
     for seed in params.train.seeds:
-        model = _load_arm_model(files.checkpoint(seed), arm, seed, device)
+        model = checkpoint.load_final_model(files.checkpoint(seed), arm, seed, device, _RETRAIN)
         if arm == BASELINE:
             refs[seed] = model  # fp32's evaluation leaves it as it was: strict float32, eval mode
         result = task.evaluate(model, refs[seed], policy, strict, test, ev.batch_size, ev.calibration_bins)

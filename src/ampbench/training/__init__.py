@@ -9,5 +9,6 @@
 - ``activations``: per-module output ranges against float16's limits, on sampled steps.
 - ``nonfinite``: the first module that went non-finite: hooked steps, hunts, replays.
 - ``flops``: the FLOPs of one step by the dtype each matmul, convolution and attention ran in.
+- ``sensitivity``: which module to keep in float32 when nothing overflows, ranked on a trained fp32 model.
 - ``checkpoint``: training state ⇄ file (atomic, weights_only, the same bytes every run).
 """

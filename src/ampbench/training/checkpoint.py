@@ -67,3 +67,23 @@ def load(path: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise AmpbenchError(f"{path}: checkpoint unreadable ({type(exc).__name__}: {exc})") from None
+
+
+def load_final_model(path: Path, arm: str, seed: int, device: torch.device, rerun: str) -> torch.nn.Module:
+    """``arm``'s final model of ``seed`` (a checkpoint the train stage wrote, which says it is that arm's and seed's),
+    in eval mode on ``device``; DataError naming the file and ``rerun`` (what rewrites it) otherwise."""
+    from ampbench.config.records import check_checkpoint
+    from ampbench.errors import DataError
+    from ampbench.models.factory import ModelSpec, build_for
+
+    if not path.exists():
+        raise DataError(f"{path}: missing; {rerun}")
+    ck = load(path)
+    m = check_checkpoint(ck.get("meta") if isinstance(ck, dict) else None, path, arm, seed, rerun)
+    try:
+        model = build_for(ModelSpec.from_meta(m.model), m.contract)
+        model.load_state_dict(ck["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # altered: not what train wrote
+        raise DataError(f"{path}: not a checkpoint the train stage wrote ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}); {rerun}") from None
+    return model.to(device).eval()
