@@ -121,7 +121,7 @@ def test_validation_losses_between_steps_leave_training_bitwise_unchanged():
     """Issue 26: validation every 3 optimizer steps (a model with dropout and BatchNorm, which an evaluation left in
     eval mode would change) gives the same weights, bit for bit, as validation at epoch ends only; the points are
     at steps 3, 6 and each epoch's end, and the time spent validating is not counted as training time."""
-    from ampbench.stages.train import evaluation_points
+    from ampbench.stages.seed_record import evaluation_points
 
     def run(every: int):
         torch.manual_seed(0)

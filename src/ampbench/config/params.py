@@ -48,7 +48,8 @@ class PrepareParams(_Section):
     dataset: Annotated[str, knob(
         "digits (ships with scikit-learn) | mnist | fashion_mnist | cifar10 (the publishers' files in raw_dir) | "
         "imagefolder (class folders in raw_dir) | synthetic | text (UTF-8 files in raw_dir, for train.task: "
-        "language_model) | package.module:callable (your Datasets; docs/your-data.md)")] = "digits"
+        "language_model) | package.module:callable (your Datasets, docs/your-data.md; or your LightningDataModule, "
+        "docs/your-framework.md)")] = "digits"
     raw_dir: Annotated[str, knob(
         "where raw data is read from, a dependency of prepare: the idx files / CIFAR tarball, or imagefolder's "
         "class folders (e.g. /usr/share/datasets/fashion-mnist from Debian's dataset-fashion-mnist)",
@@ -147,6 +148,12 @@ class TrainParams(_Section):
         "doubled per stage (null: 64); mlp: hidden units (null: 128); vit_tiny: embedding width (null: 64); gpt: "
         "embedding width (null: 128)",
         ge=1, le=4096)] = None
+    framework: Annotated[Literal["ampbench", "lightning"], knob(
+        "who trains: ampbench (the pipeline's loop, with the optimizer and schedule below) | lightning (your "
+        "LightningModule, train.model = package.module:Class with train.model_args, through Lightning's Trainer "
+        "and its precision plugins on the data of your LightningDataModule, prepare.dataset; the optimizer, "
+        "schedule and batches are your module's and datamodule's; docs/your-framework.md)",
+        stages=("train",))] = "ampbench"
     optimizer: Annotated[Literal[OPTIMIZERS], knob("sgd | adam | adamw (bf16_sr: adamw only)")] = "adamw"
     lr: Annotated[float, knob("learning rate (the start of the cosine schedule)", gt=0, le=10)] = 0.003
     weight_decay: Annotated[float, knob("decoupled for adamw, L2 for sgd and adam", ge=0, le=10)] = 0.0001

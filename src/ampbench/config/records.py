@@ -55,7 +55,7 @@ class SeedSummary(_Strict):
     optimizer: dict[str, str] | None = None  # optimizers.describe: class, rounding, weight dtype
     state_bytes: dict[str, Any] | None = None  # optimizers.state_bytes: weights, gradients, optimizer state
     float8: dict[str, Any] | None = None  # float8.record: recipe, each Linear layer converted or not and why
-    device: str | None = None  # where it trained (stages.train.where); absent in summaries from before it
+    device: str | None = None  # where it trained (stages.seed_record.where); absent in summaries from before it
     host: str | None = None
     node: str | None = None  # the Ray node of a cluster cell
 
@@ -150,7 +150,7 @@ class PreparedMeta(_Strict):
     input_shape: list[int]  # [] for token streams
     sizes: dict[str, int]
     checksum: str
-    kind: str | None = None  # "tokens" for text; images otherwise
+    kind: str | None = None  # "tokens" for text; "inputs" for a LightningDataModule's batches; images otherwise
     classes: list[str] = []
     scale: float | None = None
     mean: list[float] = []

@@ -30,8 +30,8 @@ def _ours_or_installed(filename: str) -> bool:
     if filename.startswith("<"):  # <frozen …>, <string>: nothing a user can open
         return True
     path = Path(filename).resolve()
-    library = Path(__file__).resolve().parent
-    ours = (library, library.parent.parent / "pipeline")
+    library = Path(__file__).resolve().parents[1]  # src/ampbench
+    ours = (library, library.parents[1] / "pipeline")
     python = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     return (any(path.is_relative_to(p) for p in (*ours, *python))
             or "site-packages" in path.parts or "dist-packages" in path.parts)

@@ -68,6 +68,15 @@ def checksum(splits: dict[str, Split]) -> str:
     return h.hexdigest()
 
 
+def tensors_digest(*tensors: torch.Tensor) -> str:
+    """sha256 of the tensors' shapes, dtypes and values."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def cap_splits(parts: dict[str, Any], p: PrepareParams, size: Callable[[Any], int],
                cut: Callable[[str, Any, int, int], Any]) -> dict[str, int]:
     """Each split of ``parts`` longer than its cap (``CAPS``) replaced by ``cut(name, part, cap, p.seed)``, in
@@ -122,16 +131,21 @@ def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
     # Where the test split came from and how large it was before max_test: what a sample-size plan can change.
     test_from = "publisher" if raw.splits and "test" in raw.splits else "test_fraction"
     test_available = len(raw_splits["test"][1])
+    # A datamodule's own test split, before max_test: what its every training run must find again (evaluate pairs
+    # the arms on it, so a seed that drew another split may have trained on the test examples).
+    own_test = {"datamodule_test": tensors_digest(*raw_splits["test"])} if raw.normalised else {}
     cut = cap_splits(raw_splits, p, lambda pair: len(pair[1]), _cut_samples)
     x_train = raw_splits["train"][0]
     shapes = {name: tuple(xs.shape[1:]) for name, (xs, _) in raw_splits.items()}
     if len(set(shapes.values())) != 1:
         raise DataError(f"{p.dataset}: the splits' images differ in shape ({shapes}); set prepare.image_size")
-    mean, std = channel_stats(x_train, raw.scale)
+    # A LightningDataModule's batches (kind "inputs") are what the module trains on: no normalisation of ours.
+    mean, std = ([0.0], [1.0]) if raw.normalised else channel_stats(x_train, raw.scale)
     norm = Norm(raw.scale, tuple(mean), tuple(std))
     splits = {name: Split(xs.contiguous(), ys.clone(), norm) for name, (xs, ys) in raw_splits.items()}
     meta = {
         "dataset": p.dataset,
+        **({"kind": "inputs"} if raw.normalised else {}),
         "source": raw.source,
         "input_shape": list(x_train.shape[1:]),
         "stored_dtype": str(x_train.dtype).removeprefix("torch."),
@@ -144,6 +158,7 @@ def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
         "test_from": test_from,
         "test_available": test_available,
         **cut,
+        **own_test,
         "checksum": checksum(splits),
     }
     return Prepared(splits["train"], splits["val"], splits["test"], meta)
@@ -213,7 +228,8 @@ def load_prepared(in_dir: Path) -> Prepared:
         raise DataError(f"{meta_path} not found: run the prepare stage first (dvc repro prepare)")
     try:
         meta = check_meta(json.loads(meta_path.read_text()), meta_path)
-        norm = None if meta.get("kind") == "tokens" else Norm(meta["scale"], tuple(meta["mean"]), tuple(meta["std"]))
+        norm = (None if meta.get("kind") in ("tokens", "inputs")  # token ids; a datamodule's batches as they are
+                else Norm(meta["scale"], tuple(meta["mean"]), tuple(meta["std"])))
         splits = {}
         for name in SPLITS:
             blob = torch.load(in_dir / f"{name}.pt", weights_only=True, mmap=True)

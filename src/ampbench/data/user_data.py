@@ -28,13 +28,26 @@ import numpy as np
 import torch
 
 from ampbench.config.user_code import first_line, import_callable
+from ampbench.data.datamodule import SPLITS, datamodule_splits, is_datamodule
 from ampbench.errors import DataError
 
 if TYPE_CHECKING:
     from ampbench.config.params import PrepareParams
 
-SPLITS = ("train", "val", "test")
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
+
+
+def load_datamodule(dm: Any, name: str) -> Raw:
+    """A LightningDataModule's splits (``datamodule_splits``) as a ``Raw`` that is already normalised (the module
+    trains on what the loaders give, so the evaluation must see the same values)."""
+    tensors = datamodule_splits(dm, f"prepare.dataset {name!r}")
+    labels = torch.cat([y for _, y in tensors.values()])
+    if labels.ndim != 1:
+        raise DataError(f"prepare.dataset {name!r}: targets of shape {tuple(labels.shape)}; a LightningDataModule "
+                        "is measured as a classifier (one class label per example)")
+    classes = [str(i) for i in range(int(labels.max()) + 1)]
+    return Raw(None, None, classes, 1.0, {k: (x.float(), y) for k, (x, y) in tensors.items()}, source=name,
+               normalised=True)
 
 
 @dataclass
@@ -48,6 +61,7 @@ class Raw:
     scale: float
     splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     source: str = ""  # where it was read from, for meta.json
+    normalised: bool = False  # the values a model sees as they are (a LightningDataModule's batches): no Norm
 
 
 def _visible(path: Path) -> bool:
@@ -237,6 +251,8 @@ def load_factory(p: PrepareParams) -> Raw:
     except Exception as exc:
         raise DataError(f"prepare.dataset {p.dataset!r}: calling it failed ({type(exc).__name__}: "
                         f"{first_line(exc)})") from None
+    if is_datamodule(out):
+        return load_datamodule(out, p.dataset)
     parts = dict(out) if isinstance(out, Mapping) else {"all": out}
     unknown = sorted(set(parts) - set(SPLITS) - {"all"})
     if unknown or ("all" not in parts and "train" not in parts):

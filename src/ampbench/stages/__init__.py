@@ -1,6 +1,9 @@
 """The library side of the DVC stages that do more than one call: training an arm, timing every arm, evaluating.
 
 - ``train``: the train stage: each seed fit, resumed or reused; the arm's summary.
+- ``framework``: the train stage's seeds when a framework's own trainer trains (``train.framework: lightning``),
+  its preflight and its arms for the speed stage.
+- ``seed_record``: a trained seed's line in summary.json and what it records of what ran.
 - ``preflight``: what the train stage checks before an arm trains: the request, and the arm's model built once (a dry
   step, its FLOPs by dtype).
 - ``outputs``: ``SeedJob`` and ``ArmOutputs``: every side effect of training (files, runs, log lines; rank 0).

@@ -58,7 +58,8 @@ class SeedJob:
     @property
     def contract(self) -> dict[str, Any]:
         """What the model factory gets for this data (``Task.model_args``)."""
-        return self.task.model_args(self.data.meta)
+        # A framework's module is built from train.model_args alone, as the user's own script builds it.
+        return {} if self.params.train.framework != "ampbench" else self.task.model_args(self.data.meta)
 
 
 @dataclass(frozen=True)

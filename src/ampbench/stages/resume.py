@@ -52,9 +52,11 @@ class SeedProgress:
                    meta["done"])
 
 
-def save(state: TrainState, progress: SeedProgress, path: Path) -> None:
-    """The state and the progress after an epoch (or at the end of a seed), atomically."""
-    checkpoint.save(state, {"resume": progress.to_meta()}, path)
+def save(state: TrainState | dict[str, Any], progress: SeedProgress, path: Path) -> None:
+    """The state (a ``TrainState``, or a framework's checkpoint dict) and the progress after an epoch (or at the end
+    of a seed), atomically."""
+    ck = state if isinstance(state, dict) else checkpoint.state_dict(state)
+    checkpoint.write(ck, {"resume": progress.to_meta()}, path)
 
 
 def load(path: Path, arm: str, key: str) -> tuple[dict[str, Any], SeedProgress] | None:

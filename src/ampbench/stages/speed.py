@@ -56,17 +56,26 @@ def measure_arms(params: Params, train: Split, val: Split, task: Task, device: t
                  contract: dict[str, Any], between_rounds: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Every arm of ``train.precisions`` through the harness, then each arm's peak memory alone: what
     reports/interleaved.json holds."""
-    s = sizes(params, len(train) // params.train.batch_size)
+    if params.train.framework == "lightning":  # the framework's own Trainer steps each arm
+        from ampbench.stages import framework
+
+        s = sizes(params, framework.batches_per_pass(params))
+        build: Callable[[str], Any] = lambda arm: framework.speed_arm(arm, params, device)  # noqa: E731
+    else:
+        s = sizes(params, len(train) // params.train.batch_size)
+        build = lambda arm: loop_arm(arm, params, train, val, task, device, contract, s)  # noqa: E731
     skipped: dict[str, str] = {}
     names = []
     for arm in params.train.precisions:
         try:
             resolve_policy(arm, device, params.train.fp32_modules)
+            if params.train.framework == "lightning":
+                framework.check_arm(resolve_policy(arm, device, params.train.fp32_modules), params)
             names.append(arm)
         except ArmUnavailable as exc:
             skipped[arm] = str(exc)
     while True:  # an arm that diverges while timed (an ablation without a scaler) is left out, the rest timed again
-        arms = {arm: loop_arm(arm, params, train, val, task, device, contract, s) for arm in names}
+        arms = {arm: build(arm) for arm in names}
         try:
             measured = measure(arms, s, between_rounds)
             break
@@ -77,8 +86,7 @@ def measure_arms(params: Params, train: Split, val: Split, task: Task, device: t
             skipped[culprit] = f"diverged while timed ({exc}); the train stage records how it trained"
             names.remove(culprit)
     arms.clear()  # throughput needed every arm alive; memory needs each one alone
-    memory = isolated_memory(lambda arm: loop_arm(arm, params, train, val, task, device, contract, s),
-                             list(measured.rounds), device, 2 * s.window)
+    memory = isolated_memory(build, list(measured.rounds), device, 2 * s.window)
     return {"device": fingerprint(device)["device_name"], "device_type": device.type, "params": dataclasses.asdict(s),
             "skipped": skipped, **summarise(measured.rounds), "budget": measured.budgets, "memory": memory}
 

@@ -10,7 +10,6 @@ summary. When a seed is resumed or reused is the policy of
 
 from __future__ import annotations
 
-import socket
 import statistics
 from pathlib import Path
 from typing import Any
@@ -27,15 +26,16 @@ from ampbench.report.advice import float32_fix
 from ampbench.report.size import estimate, request_size
 from ampbench.runtime import distributed
 from ampbench.runtime.files import dvc_md5, json_digest
-from ampbench.runtime.hardware import fingerprint, peak_memory_mb, reset_peak_memory
+from ampbench.runtime.hardware import fingerprint, reset_peak_memory
 from ampbench.stages import resume
 from ampbench.stages.outputs import ArmOutputs, ClusterCell, SeedJob
 from ampbench.stages.preflight import check_steps, preflight
+from ampbench.stages.seed_record import seed_record, what_ran, where
 from ampbench.tasks.resolve import resolve_task
 from ampbench.training import checkpoint
 from ampbench.training.activations import merge_tables
 from ampbench.training.instruments import epoch_line
-from ampbench.training.loop import build_run, fit, throughput
+from ampbench.training.loop import build_run, fit
 from ampbench.training.state import EpochRecord, LoopConfig, TrainState
 
 
@@ -51,8 +51,13 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
     out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, {**tags, "dvc.data_md5": data_md5},
                      enabled=world.is_main, cell=cell)
     try:
-        try:  # first: an arm this device cannot run pays for nothing else
+        lightning = params.train.framework == "lightning"
+        if lightning:
+            from ampbench.stages import framework
+        try:  # first: an arm this device (or the framework) cannot run pays for nothing else
             policy = resolve_policy(arm, device, params.train.fp32_modules)
+            if lightning:
+                framework.check_arm(policy, params)
         except ArmUnavailable as exc:
             if cell is not None:  # a cluster cell placed on a node that cannot run the arm: refuse, never record
                 raise
@@ -60,7 +65,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         task = resolve_task(params.train.task, params.train.block_size)
         data = task.view(load_prepared(data_dir))
         check_steps(params, data, world)
-        pre = preflight(arm, policy, params, data, task, device)  # before anything is written
+        pre = (framework.preflight if lightning else preflight)(arm, policy, params, data, task, device)
         plan = request_size(params)
         if plan:
             out.log(plan)
@@ -71,7 +76,8 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
                 key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
                 job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key,
                               pre.model, task)
-                seeds[str(seed)] = _train_seed(job, data_dir, out, pre.flops if seed == params.train.seeds[0] else None)
+                train_seed = framework.train_seed if lightning else _train_seed
+                seeds[str(seed)] = train_seed(job, data_dir, out, pre.flops if seed == params.train.seeds[0] else None)
         except StoreError as exc:
             raise StoreError(f"{exc} — the epochs done are kept in {resume_dir}: run the stage again once the "
                              "store works, it continues from there") from None
@@ -191,7 +197,7 @@ def _fit_in_run(job: SeedJob, model: torch.nn.Module, state: TrainState, cfg: Lo
                 progress: resume.SeedProgress, data_dir: Path, out: ArmOutputs, flops: dict | None,
                 fresh: bool) -> dict[str, Any]:
     """Fit inside the seed's MLflow run (a checkpoint and the epoch's metrics after each epoch); then its record,
-    files and artifacts. Returns the record (``_seed_record``)."""
+    files and artifacts. Returns the record (``seed_record``)."""
     tp = job.params.train
     later_seeds = len(tp.seeds) - 1 - tp.seeds.index(job.seed)
 
@@ -210,26 +216,14 @@ def _fit_in_run(job: SeedJob, model: torch.nn.Module, state: TrainState, cfg: Lo
         fit(state, job.data.train, job.data.val, job.policy, cfg, on_epoch=on_epoch, world=job.world)
         if not sum(r.optimizer_steps for r in progress.records):  # a safety net behind check_steps
             raise AmpbenchError(f"{job.name}: training ran no optimizer step; its results would be untrained")
-        record = _seed_record(job, cfg, progress.records, run_id, out.files.checkpoint(job.seed).name, out.node)
+        record = seed_record(job, "device tensors" if cfg.on_device else "streaming DataLoader", progress.records,
+                             run_id, out.files.checkpoint(job.seed).name, out.node)
         record["flops"] = flops
         record.update(what_ran(job.policy, model, state.optimizer))
         out.numerics(job, run_id, record)
         paths = out.seed_files(job, checkpoint.state_dict(state), progress.records, record["activations"])
         out.seed_artifacts(job, paths, record, model)
     return record
-
-
-def what_ran(policy, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Read back from the trained objects: the optimizer's class and rounding, the bytes of weights, gradients
-    and optimizer state, and for the fp8 arms each Linear layer converted or left out with why."""
-    from ampbench.precision import optimizers
-
-    ran = {"optimizer": optimizers.describe(optimizer), "state_bytes": optimizers.state_bytes(model, optimizer)}
-    if policy.float8_recipe:
-        from ampbench.precision import float8
-
-        ran["float8"] = float8.record(model, policy.float8_recipe)
-    return ran
 
 
 def _diverged(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: ArmOutputs,
@@ -246,40 +240,3 @@ def _diverged(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: A
         out.log(f"seed {job.seed}: keep it in float32: {fix}")
     out.numerics(job, progress.run_id, record)
     return record
-
-
-def where(device: torch.device, node: str | None) -> dict[str, Any]:
-    """Where a seed trained: the device's name (one comparison, one device kind: evaluate checks it), the host
-    and, for a cluster cell, the Ray node."""
-    return {"device": fingerprint(device)["device_name"], "host": socket.gethostname(), "node": node}
-
-
-def _seed_record(job: SeedJob, cfg: LoopConfig, records: list[EpochRecord], run_id: str,
-                 checkpoint_name: str, node: str | None) -> dict[str, Any]:
-    """The seed's line in summary.json: run id, throughput, memory, time, skips, final metrics."""
-    seconds = [r.epoch_seconds for r in records]
-    record = {"run_id": run_id, "diverged": None, "checkpoint": checkpoint_name, **where(job.device, node),
-              "train_samples_per_s": throughput(records), "timing_windows": sum(len(r.windows) for r in records),
-              **peak_memory_mb(job.device), "train_seconds": sum(seconds),
-              "skipped_steps_total": sum(r.skipped_steps for r in records),
-              "optimizer_steps_total": sum(r.optimizer_steps for r in records),
-              "input_path": "device tensors" if cfg.on_device else "streaming DataLoader",
-              "input_wait_share": sum(r.input_wait_seconds for r in records) / max(sum(seconds), 1e-9),
-              "final": records[-1].row(),
-              "first_nonfinite": next((r.nonfinite for r in records if r.nonfinite), None),
-              "evaluations": evaluation_points(records),
-              "activations": merge_tables([r.activations for r in records]),
-              "model_uri": None}
-    if job.params.train.compile and len(records) > 1:  # the first epoch pays for compilation; estimate it apart
-        record["compile_seconds_estimate"] = max(seconds[0] - statistics.median(seconds[1:]), 0.0)
-    return record
-
-
-def evaluation_points(records: list[EpochRecord]) -> list[dict[str, float]]:
-    """Every validation loss of the run in order: optimizer step, training seconds since the start (evaluations
-    left out), val_loss."""
-    points, before = [], 0.0
-    for r in records:
-        points += [{**e, "seconds": before + e["seconds"]} for e in r.evaluations]
-        before += r.epoch_seconds
-    return points

@@ -1,0 +1,127 @@
+"""Your LightningModule trained by Lightning's own Trainer, one arm at a time, with what ran read back.
+
+``train.framework: lightning``: ``train.model`` is the module's class (built with ``train.model_args``),
+``prepare.dataset`` the LightningDataModule's (built with ``prepare.dataset_args``). Every seed trains through the
+module's ``training_step`` and ``configure_optimizers`` on the datamodule's loaders, under the Lightning precision
+plugin that means the arm (``plugin``: derived from the arm's ``PrecisionPolicy``, so the precision decision stays
+in one place). What the pipeline adds is one Callback, ``readback.ReadBack``: the epochs' records, what every
+matmul computed in, and a one-line refusal of an arm that ran as something else. ``LightningArm`` steps an arm for
+the speed stage's harness.
+
+Imported only when the framework is chosen: ``import ampbench`` stays free of Lightning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as L
+import torch
+from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
+
+from ampbench.config.params import GradScalerParams
+from ampbench.errors import ArmUnavailable
+from ampbench.frameworks.readback import ReadBack, reseed  # noqa: F401  (reseed: the stage's, from here)
+from ampbench.precision.policy import PrecisionPolicy
+
+# Lightning 2.6 calls a torch.utils._pytree API that torch 2.14 deprecates, on every fit: not the user's to fix.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=DeprecationWarning)
+
+NAMES = {"32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"}
+
+
+def plugin(policy: PrecisionPolicy, scaler: GradScalerParams) -> Precision:
+    """The Lightning precision plugin that means ``policy``'s arm; ArmUnavailable for an arm Lightning has no
+    plugin for. Built by hand, not from a ``precision=`` string: Lightning replaces ``16-mixed`` by ``bf16-mixed``
+    on the CPU with only a warning, and the fp16 arm would run as bf16."""
+    if policy.float8_recipe:
+        raise ArmUnavailable(f"{policy.name}: float8 under Lightning needs its Transformer Engine plugin, which "
+                             "does not run torchao's float8 recipes")
+    if policy.optimizer_impl != "torch":
+        raise ArmUnavailable(f"{policy.name} replaces the optimizer ({policy.optimizer_impl}), which your "
+                             "module's configure_optimizers owns under Lightning")
+    if policy.param_dtype != torch.float32:
+        return HalfPrecision("bf16-true" if policy.param_dtype == torch.bfloat16 else "16-true")
+    if policy.autocast_dtype is None:
+        return Precision()  # 32-true; tf32 is the backend flags the policy sets for every arm
+    if policy.autocast_dtype == torch.bfloat16:
+        return MixedPrecision("bf16-mixed", policy.device_type)
+    if not policy.use_scaler:
+        raise ArmUnavailable(f"{policy.name}: Lightning's 16-mixed always scales the loss")
+    return MixedPrecision("16-mixed", policy.device_type, scaler=policy.grad_scaler(scaler))
+
+
+def plugin_name(p: Precision) -> str:
+    """The Trainer ``precision`` string the plugin stands for."""
+    return getattr(p, "precision", "32-true")
+
+
+def trainer(policy: PrecisionPolicy, scaler: GradScalerParams, device: torch.device, epochs: int,
+            deterministic: bool, callback: ReadBack, **limits: Any) -> L.Trainer:
+    """A Trainer for one run of one arm: the arm's plugin, no logger or checkpointing of its own (the pipeline
+    logs to MLflow and checkpoints into .resume/), no progress bar (the stage prints a line per epoch)."""
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # the accelerator banner on every run
+    return L.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu",
+                     devices=[device.index or 0] if device.type == "cuda" else 1,
+                     plugins=[plugin(policy, scaler)], max_epochs=epochs, deterministic=deterministic,
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, callbacks=[callback], **limits)
+
+
+def fit(trainer_: L.Trainer, module: L.LightningModule, datamodule: Any, ckpt_path: Path | None = None) -> None:
+    """``trainer.fit``, with an interruption kept an interruption (Lightning answers a KeyboardInterrupt by
+    ignoring SIGINT and exiting 1, which would skip the stage's line and its exit status 130) and Lightning's
+    refusals of the user's code as one line (ModelError)."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from ampbench.config.user_code import first_line
+    from ampbench.errors import ModelError
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    readback = next((c for c in trainer_.callbacks if isinstance(c, ReadBack)), None)
+    try:
+        trainer_.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None)
+    except SystemExit:
+        if readback is None or readback.interrupt is None:
+            raise
+        raise readback.interrupt from None
+    except MisconfigurationException as exc:
+        raise ModelError(f"Lightning refused train.model {type(module).__name__}: {first_line(exc)}") from None
+    finally:
+        for s, h in handlers.items():
+            if h is not None:
+                signal.signal(s, h)
+
+
+class LightningArm:
+    """One arm for the speed harness (``speed.harness.Runner``): each round a Trainer of ``steps`` steps over the
+    datamodule's training loader, on the same module (what it learns carries over, as rounds of the pipeline's
+    loop do), read back as training is. Lightning builds the optimizer again each round (its
+    ``configure_optimizers``); a round's first window, which pays for that, is never counted."""
+
+    def __init__(self, arm: str, policy: PrecisionPolicy, module: L.LightningModule, datamodule: Any,
+                 scaler: GradScalerParams, device: torch.device, deterministic: bool, float32: list[str]):
+        self.arm, self.policy, self.module, self.datamodule = arm, policy, module, datamodule
+        self.scaler, self.device, self.deterministic, self.float32 = scaler, device, deterministic, float32
+
+    def round(self, steps: int, window: int) -> list[float]:
+        """Samples/s of each window of ``window`` steps in ``steps`` steps."""
+        self.policy.apply_backend_flags()
+        probe = ReadBack(self.arm, self.policy, self.float32, every=10**9, window=window, warmup=0, seed=0)
+        run = trainer(self.policy, self.scaler, self.device, -1, self.deterministic, probe, max_steps=steps,
+                      limit_val_batches=0, num_sanity_val_steps=0)
+        fit(run, self.module, self.datamodule)
+        return probe.all_windows
+
+
+def save(trainer_: L.Trainer, path: Path) -> None:
+    """Lightning's own checkpoint of the run (weights, optimizers, schedulers, scaler, loops), atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    trainer_.save_checkpoint(tmp)
+    os.replace(tmp, path)

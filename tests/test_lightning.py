@@ -1,0 +1,229 @@
+"""Your Lightning job as it is: examples/lightning_classifier.py trained by Lightning's own Trainer under each arm's
+precision plugin, read back as it trains; a module that overrides the arm refused with one line naming its line;
+exact resume from Lightning's checkpoints; bad input as one line each; and the whole pipeline through
+`dvc exp run` with the usual report. Skipped where Lightning is not installed, except in CI
+(AMPBENCH_REQUIRE_LIGHTNING=1: there its absence fails)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+if not os.environ.get("AMPBENCH_REQUIRE_LIGHTNING"):
+    pytest.importorskip("lightning")
+
+from ampbench import tracking  # noqa: E402
+from ampbench.config.layout import ArmFiles  # noqa: E402
+from ampbench.config.validation import validate  # noqa: E402
+from ampbench.data.prepare import prepare, save_prepared  # noqa: E402
+from ampbench.errors import AmpbenchError, ArmUnavailable, DataError, ModelError  # noqa: E402
+from ampbench.precision.policy import resolve_policy  # noqa: E402
+from ampbench.stages.train import train_arm  # noqa: E402
+from ampbench.training import checkpoint  # noqa: E402
+from conftest import ARM_RUNS, ROOT, make_project_repo, run_ok  # noqa: E402
+
+EXAMPLE = "examples.lightning_classifier"
+
+
+def lightning_params(base: dict, **train) -> dict:
+    params = yaml.safe_load(yaml.safe_dump(base))
+    params["prepare"].update({"dataset": f"{EXAMPLE}:DigitsData", "dataset_code": "examples", "max_train": None})
+    params["train"].update({"framework": "lightning", "model": f"{EXAMPLE}:DigitsClassifier",
+                            "model_code": "examples", "model_args": {"channels": 4}, **train})
+    params["mlflow"]["log_model"] = False
+    return params
+
+
+@pytest.fixture
+def setup(tmp_path, tiny_params, mlflow_store):
+    params = validate(lightning_params(tiny_params, epochs=3, seeds=[0], precisions=["fp32", "fp16", "bf16"]))
+    data_dir = tmp_path / "prepared"
+    save_prepared(prepare(params.prepare, tmp_path / "raw"), data_dir)
+    return params, data_dir, tmp_path
+
+
+def _arm(arm, params, data_dir, root, name):
+    return train_arm(arm, params, data_dir, root / name / arm, root, {}, resume_dir=root / name / ".resume" / arm,
+                     code_version="test")
+
+
+def test_each_arm_is_the_lightning_plugin_that_means_it():
+    from ampbench.config.params import GradScalerParams
+    from ampbench.frameworks.lightning import plugin, plugin_name
+
+    cpu = torch.device("cpu")
+    names = {arm: plugin_name(plugin(resolve_policy(arm, cpu), GradScalerParams()))
+             for arm in ("fp32", "fp16", "bf16", "bf16_pure", "fp16_pure")}
+    assert names == {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed", "bf16_pure": "bf16-true",
+                     "fp16_pure": "16-true"}
+    # fp16 stays fp16 on the CPU (Lightning's precision="16-mixed" string would become bf16-mixed there), with the
+    # pipeline's GradScaler settings.
+    fp16 = plugin(resolve_policy("fp16", cpu), GradScalerParams(init_scale=1024.0))
+    assert fp16.device == "cpu" and fp16.scaler.get_scale() == 1024.0
+    for arm, why in (("bf16_sr", "configure_optimizers owns"), ("fp16_noscaler", "always scales"),
+                     ("fp8_rowwise", "Transformer Engine")):
+        with pytest.raises(ArmUnavailable, match=why):
+            plugin(resolve_policy(arm, cpu), GradScalerParams())
+
+
+def test_trained_through_lightning_and_read_back(setup):
+    params, data_dir, root = setup
+    summary = _arm("fp16", params, data_dir, root, "run")
+    seed = summary["seeds"]["0"]
+    ran = seed["lightning"]
+    assert ran["precision"] == "16-mixed" and ran["compute_dtypes"] == ["float16"]
+    assert ran["autocast"] == ["float16"] and ran["weight_dtypes"] == ["float32"] and ran["grad_dtypes"] == ["float32"]
+    assert summary["flops"]["low_precision_share"] == 1.0 and summary["model"]["kind"] == "lightning"
+    history = json.loads(ArmFiles(root / "run" / "fp16").seed_history(0).read_text())
+    assert [row["epoch"] for row in history] == [1, 2, 3] and history[-1]["val_accuracy"] > 0.5
+    assert seed["optimizer"]["optimizer_class"] == "torch.optim.adamw.AdamW"  # the module's configure_optimizers
+
+
+def test_an_interrupted_lightning_seed_resumes_exactly(setup, monkeypatch):
+    """Killed in its third epoch, the fp16 seed resumes from Lightning's checkpoint of epoch 2 (weights, AdamW's
+    moments, the loss scale, the schedule) and ends bitwise equal to the run that never stopped."""
+    params, data_dir, root = setup
+    whole = _arm("fp16", params, data_dir, root, "whole")
+    real, calls = tracking.log_epoch, {"n": 0}
+
+    def flaky(row, steps):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("SIGTERM")
+        real(row, steps)
+
+    with monkeypatch.context() as m:
+        m.setattr(tracking, "log_epoch", flaky)
+        with pytest.raises(KeyboardInterrupt):
+            _arm("fp16", params, data_dir, root, "cut")
+    kept = root / "cut" / ".resume" / "fp16"
+    # The resume file names the Lightning checkpoint of its own last epoch (the 3rd epoch's, written before the
+    # interruption, is not the one it goes with).
+    resume_file = checkpoint.load(kept / "seed0.pt")
+    assert resume_file["lightning_checkpoint"] == "seed0.epoch2.lightning.ckpt"
+    assert (kept / resume_file["lightning_checkpoint"]).exists()
+    assert len(checkpoint.load(kept / "seed0.pt")["meta"]["resume"]["records"]) == 2
+    resumed = _arm("fp16", params, data_dir, root, "cut")
+    a = checkpoint.load(ArmFiles(root / "whole" / "fp16").checkpoint(0))["model"]
+    b = checkpoint.load(ArmFiles(root / "cut" / "fp16").checkpoint(0))["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["seeds"]["0"]["final"]["val_loss"] == whole["seeds"]["0"]["final"]["val_loss"]
+    assert not kept.exists()
+
+
+@pytest.mark.parametrize("arm", ["bf16", "fp16"])
+def test_a_module_that_turns_autocast_off_is_refused_naming_its_line(setup, arm):
+    params, data_dir, root = setup
+    raw = params.to_dict()
+    raw["train"]["model"] = f"{EXAMPLE}:PinnedToFloat32"
+    source = (ROOT / "examples" / "lightning_classifier.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "return self.net(x.float())" in text)
+    with pytest.raises(AmpbenchError, match=rf"^the {arm} arm trained in float32: autocast was off around net\.0 "
+                                            rf".*\(examples/lightning_classifier\.py:{line}\)$"):
+        _arm(arm, validate(raw), data_dir, root, "pinned")
+    assert not (root / "pinned").exists()  # refused before anything was written
+
+
+BAD_MODULES = '''
+import torch
+from examples.lightning_classifier import DigitsClassifier, DigitsData
+
+
+class NoLoss(DigitsClassifier):
+    def training_step(self, batch, batch_idx):
+        return None
+
+
+class LossUnnamed(DigitsClassifier):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return {"total": torch.nn.functional.cross_entropy(self(x), y)}
+
+
+class HalfWeights(DigitsClassifier):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.net.to(torch.bfloat16)
+
+    def forward(self, x):
+        return self.net(x.to(torch.bfloat16)).float()
+
+
+class SeededSplit(DigitsData):
+    def setup(self, stage=None):
+        super().setup(stage)
+        self.test = torch.utils.data.Subset(self.test, torch.randperm(len(self.test))[:200].tolist())
+'''
+
+
+@pytest.mark.parametrize("model, arm, error, match", [
+    ("NoLoss", "fp32", AmpbenchError, r"^train\.model: training_step returned None; it must return the loss"),
+    ("LossUnnamed", "fp32", ModelError, r"^Lightning refused train\.model LossUnnamed: .*'loss'"),
+    ("HalfWeights", "fp32", AmpbenchError, r"^the fp32 arm trained in bfloat16: net\.0's weights are bfloat16"),
+    ("nowhere:Module", "fp32", ModelError, r"^train\.model 'nowhere:Module': cannot import nowhere"),
+])
+def test_bad_lightning_code_is_one_line_and_writes_nothing(setup, monkeypatch, model, arm, error, match):
+    params, data_dir, root = setup
+    (root / "bad_lightning.py").write_text(BAD_MODULES)
+    monkeypatch.syspath_prepend(str(root))
+    raw = params.to_dict()
+    raw["train"]["model"] = model if ":" in model else f"bad_lightning:{model}"
+    with pytest.raises(error, match=match):
+        _arm(arm, validate(raw), data_dir, root, "bad")
+    assert not (root / "bad" / arm / "summary.json").exists()
+
+
+def test_a_test_split_that_moves_with_the_seed_is_refused(setup, monkeypatch):
+    params, _, root = setup
+    (root / "bad_lightning.py").write_text(BAD_MODULES)
+    monkeypatch.syspath_prepend(str(root))
+    raw = params.to_dict()
+    raw["prepare"]["dataset"] = "bad_lightning:SeededSplit"
+    params = validate(raw)
+    data_dir = root / "seeded"
+    save_prepared(prepare(params.prepare, root / "raw"), data_dir)
+    with pytest.raises(DataError, match="the test split differs from the one prepare read when seed 0 is set"):
+        _arm("fp32", params, data_dir, root, "moving")
+
+
+def test_importing_ampbench_loads_no_lightning():
+    code = "import sys, ampbench, ampbench.stages.train; print(any(m.startswith('lightning') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "False"
+
+
+def test_dvc_exp_run_measures_the_lightning_job(tmp_path, tiny_params):
+    """The docs' path for a Lightning job: the workspace's params as a user has them, and `dvc exp run -S ...`
+    naming the module and the datamodule; every arm trains through Lightning and the report carries its verdicts,
+    speeds and runs."""
+    tiny_params["mlflow"]["log_model"] = False
+    repo, env = make_project_repo(tmp_path / "repo", tiny_params)
+    sets = [f"prepare.dataset={EXAMPLE}:DigitsData", "prepare.dataset_code=examples", "prepare.max_train=null",
+            "train.framework=lightning", f"train.model={EXAMPLE}:DigitsClassifier", "train.model_code=examples",
+            "+train.model_args.channels=4", "train.precisions=[fp32,fp16,bf16]", "train.seeds=[0,1]",
+            "train.epochs=2", "speed.rounds=3", "speed.steps=12", "speed.window=4", "speed.warmup_steps=4",
+            "speed.seconds_per_arm=4.0"]
+    run_ok([str(repo / ".venv" / "bin" / "dvc"), "exp", "run", *[a for s in sets for a in ("-S", s)]], repo, env)
+    report = (repo / "reports" / "report.md").read_text()
+    for arm in ("fp16", "bf16"):
+        row = next(line for line in report.splitlines() if line.startswith(f"| {arm} |"))
+        cells = [c.strip() for c in row.split("|")]
+        assert cells[2] in ("**not worse**", "**inconclusive**", "**worse**"), row  # a verdict, not skipped
+        assert re.fullmatch(r"[\d.]+× \[[\d.]+, [\d.]+\]", cells[4]), row  # speed × fp32 with its interval
+    assert f"{EXAMPLE}:DigitsClassifier" in report
+    summary = json.loads((repo / "models" / "fp16" / "summary.json").read_text())
+    assert summary["seeds"]["0"]["lightning"]["precision"] == "16-mixed"
+    assert summary["model"]["args"] == {"channels": 4}
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    runs = mlflow.search_runs(search_all_experiments=True, filter_string=ARM_RUNS)
+    assert sorted(runs["tags.precision"]) == ["bf16", "bf16", "fp16", "fp16", "fp32", "fp32"]
+    assert set(runs["status"]) == {"FINISHED"}
