@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -28,18 +29,48 @@ class CellFailed(Exception):
     """The train command of a cell ended with an error (not a lost node: Ray retries those by itself)."""
 
 
+class StopFlag:
+    """What the head sets to stop every cell of its run (``ray_backend.Running`` makes it a Ray actor that takes no
+    CPU). The cells poll it and end themselves: their train command gets SIGTERM and ends its run KILLED, then the
+    task returns. Never ``ray.cancel``: on a task that is completing at that moment it has crashed the driver (a
+    failed check in Ray's task manager, "Tried to complete task that was not pending")."""
+
+    def __init__(self):
+        self.stopped = False
+
+    def set(self) -> None:
+        self.stopped = True
+
+    def is_set(self) -> bool:
+        return self.stopped
+
+
+def _stop_requested(stop) -> bool:
+    """Whether the head asked the cells to stop (False when it cannot be asked: the head is gone, and Ray ends its
+    tasks with it)."""
+    import ray
+
+    try:
+        return bool(ray.get(stop.is_set.remote(), timeout=10))
+    except Exception:  # the actor (the head's) is gone or slow: nothing was asked
+        return False
+
+
 def run_cell(spec: dict) -> dict:
     """Train ``spec["arm"]`` seed ``spec["seed"]`` here; return where it ran and the finished seed's resume file.
 
     ``spec``: arm, seed, parent_run, tracking_uri, env (extra environment: the artifact location), python (the
-    interpreter; default this worker's). An interrupt (``ray.cancel``) reaches the train command as SIGTERM: it
-    marks its MLflow run KILLED before this task ends.
+    interpreter; default this worker's), stop (the head's ``StopFlag``). A stop reaches the train command as
+    SIGTERM: it marks its MLflow run KILLED before this task ends (returning ``cancelled``).
     """
     import ray
 
     arm, seed = spec["arm"], spec["seed"]
     node = ray.get_runtime_context().get_node_id()
     name = f"[{arm} seed {seed}]"
+    stop = spec.get("stop")
+    if stop is not None and _stop_requested(stop):  # queued when the head stopped: nothing to do
+        return {"arm": arm, "seed": seed, "node": node, "cancelled": True}
     started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix=f"ampbench-cell-{arm}-seed{seed}-"))
     try:
@@ -58,8 +89,10 @@ def run_cell(spec: dict) -> dict:
         env = {**os.environ, **spec.get("env", {}), "MLFLOW_TRACKING_URI": spec["tracking_uri"],
                "PYTHONUNBUFFERED": "1"}
         env.pop("DVC_ROOT", None)
-        tail = _run(cmd, project, env, name)
+        tail, stopped = _run(cmd, project, env, name, stop)
         found = resume / f"seed{seed}.pt"
+        if stopped and not found.exists():  # its run ended KILLED; nothing finished to hand back
+            return {"arm": arm, "seed": seed, "node": node, "cancelled": True}
         if not found.exists():
             raise CellFailed(f"{name} ended without its finished seed ({found.name}); last lines:\n{tail}")
         return {"arm": arm, "seed": seed, "node": node, "host": socket.gethostname(),
@@ -78,18 +111,22 @@ def _pull_data(python: str, project: Path) -> None:
                              f"{(proc.stderr + proc.stdout).strip()[-2000:]}")
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str], name: str) -> str:
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], name: str, stop=None) -> tuple[str, bool]:
     """Run the train command, its lines prefixed with the cell's name (Ray forwards them to the head); returns the
-    last lines. It gets SIGTERM when this task is cancelled or this worker dies, never outlives it."""
+    last lines and whether the head stopped it. It gets SIGTERM when the head sets ``stop`` (polled twice a second),
+    when this task is cancelled or when this worker dies, and never outlives it."""
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=_term_with_parent)
+    stopped = threading.Event()
+    if stop is not None:
+        threading.Thread(target=_stop_when_asked, args=(stop, proc, stopped), daemon=True).start()
     try:
         for line in proc.stdout:
             tail.append(line.rstrip())
             print(f"{name} {line.rstrip()}", flush=True)
         code = proc.wait()
-    except BaseException:  # ray.cancel raises KeyboardInterrupt here: the run ends KILLED, then the task ends
+    except BaseException:  # the task itself ended (its worker stopping): the run ends KILLED, then the task ends
         proc.send_signal(signal.SIGTERM)  # nothing when it has already exited
         try:
             proc.wait(timeout=120)
@@ -98,11 +135,21 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], name: str) -> str:
         if proc.returncode != 0:
             raise
         # The seed was done (its run FINISHED) before the cancel came: hand it back, the head lands it.
-        return "\n".join(tail)
-    if code != 0:
+        return "\n".join(tail), stopped.is_set()
+    if code != 0 and not stopped.is_set():
         last = next((line for line in reversed(tail) if line.strip()), "no output")
         raise CellFailed(f"{name} train command exited {code}: {last}\n" + "\n".join(tail))
-    return "\n".join(tail)
+    return "\n".join(tail), stopped.is_set()
+
+
+def _stop_when_asked(stop, proc: subprocess.Popen, stopped: threading.Event) -> None:
+    """SIGTERM to the train command once the head sets ``stop``; returns when the command has ended."""
+    while proc.poll() is None:
+        if _stop_requested(stop):
+            stopped.set()
+            proc.send_signal(signal.SIGTERM)
+            return
+        time.sleep(0.5)
 
 
 def _term_with_parent() -> None:

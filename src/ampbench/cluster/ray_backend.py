@@ -83,7 +83,8 @@ class Running:
 
         task = ray.remote(cell_module.run_cell)
         options = {**placement.ray_options(), "max_retries": retries, "retry_exceptions": False}
-        self.cells = {task.options(**options, name=f"ampbench cell {c.name}").remote(spec): c
+        self.stop = ray.remote(num_cpus=0)(cell_module.StopFlag).remote()  # the cells poll it (``cancel``)
+        self.cells = {task.options(**options, name=f"ampbench cell {c.name}").remote({**spec, "stop": self.stop}): c
                       for c, spec in zip(cells, specs, strict=True)}
 
     def results(self) -> Iterator[tuple[Cell, dict[str, Any] | None, str | None]]:
@@ -103,20 +104,22 @@ class Running:
             self.cells.pop(ref)
 
     def cancel(self, wait_s: float = 120.0) -> list[tuple[Cell, dict[str, Any]]]:
-        """Cancel every cell still queued or running (a running one's train command gets SIGTERM and ends its run
-        KILLED); wait up to ``wait_s`` for them to stop. Returns the cells that finished all the same (one whose
-        seed was done before the cancel reached it), to land with the others."""
+        """Stop every cell still queued or running through the flag they poll (a running one's train command gets
+        SIGTERM and ends its run KILLED; a queued one returns at its start); wait up to ``wait_s`` for them. Returns
+        the cells that finished all the same (one whose seed was done before the stop reached it), to land with the
+        others."""
         import ray
 
-        for ref in self.cells:
-            ray.cancel(ref)
+        ray.get(self.stop.set.remote())
         ray.wait(list(self.cells), num_returns=len(self.cells), timeout=wait_s)
         finished = []
         for ref, cell in self.cells.items():
             try:
-                finished.append((cell, ray.get(ref, timeout=0)))
-            except ray.exceptions.RayError:  # cancelled, failed, or still stopping
-                pass
+                result = ray.get(ref, timeout=0)
+            except ray.exceptions.RayError:  # failed, lost, or still stopping
+                continue
+            if not result.get("cancelled"):
+                finished.append((cell, result))
         return finished
 
 

@@ -146,6 +146,7 @@ def prepare(p: PrepareParams, raw_dir: Path) -> Prepared:
     meta = {
         "dataset": p.dataset,
         **({"kind": "inputs"} if raw.normalised else {}),
+        **({"vocab_size": raw.vocab_size} if raw.vocab_size else {}),
         "source": raw.source,
         "input_shape": list(x_train.shape[1:]),
         "stored_dtype": str(x_train.dtype).removeprefix("torch."),

@@ -39,12 +39,19 @@ GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
 
 def load_datamodule(dm: Any, name: str) -> Raw:
     """A LightningDataModule's splits (``datamodule_splits``) as a ``Raw`` that is already normalised (the module
-    trains on what the loaders give, so the evaluation must see the same values)."""
+    trains on what the loaders give, so the evaluation must see the same values): a classifier's (inputs, class
+    labels), or a language model's (token sequences, next tokens), each of one length (its vocabulary then at least
+    the largest token + 1)."""
     tensors = datamodule_splits(dm, f"prepare.dataset {name!r}")
+    x0, y0 = tensors["train"]
+    if y0.ndim == 2 and not x0.is_floating_point() and x0.shape == y0.shape:  # (sequences, next tokens)
+        vocab = int(max(max(x.max(), y.max()) for x, y in tensors.values())) + 1
+        return Raw(None, None, [], 1.0, tensors, source=name, normalised=True, vocab_size=vocab)
+    if y0.ndim != 1:
+        raise DataError(f"prepare.dataset {name!r}: batches of inputs {tuple(x0.shape[1:])} and targets "
+                        f"{tuple(y0.shape[1:])} per example; a LightningDataModule is measured as a classifier (one "
+                        "class label per example) or a language model (token ids and next tokens, same shape)")
     labels = torch.cat([y for _, y in tensors.values()])
-    if labels.ndim != 1:
-        raise DataError(f"prepare.dataset {name!r}: targets of shape {tuple(labels.shape)}; a LightningDataModule "
-                        "is measured as a classifier (one class label per example)")
     classes = [str(i) for i in range(int(labels.max()) + 1)]
     return Raw(None, None, classes, 1.0, {k: (x.float(), y) for k, (x, y) in tensors.items()}, source=name,
                normalised=True)
@@ -62,6 +69,7 @@ class Raw:
     splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     source: str = ""  # where it was read from, for meta.json
     normalised: bool = False  # the values a model sees as they are (a LightningDataModule's batches): no Norm
+    vocab_size: int | None = None  # token sequences (a language model's datamodule): at least the largest id + 1
 
 
 def _visible(path: Path) -> bool:

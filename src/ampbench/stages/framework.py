@@ -103,7 +103,7 @@ def preflight(arm: str, policy: PrecisionPolicy, params: Params, data: Prepared,
     tp = params.train
     check_data(params, data)
     set_deterministic(tp.deterministic, tp.cudnn_benchmark, tp.compile)
-    contract = {"input_shape": tuple(data.meta["input_shape"]), "num_classes": len(data.meta["classes"])}
+    contract = task.model_args(data.meta)  # what the task checks the module's output against, not passed to it
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         # First what Lightning runs, on a module of its own (the checks after it cast their module to float32):
         # a module that overrides the arm is named here, before a check fails on its consequences.
@@ -137,7 +137,7 @@ def _check_test_split(dm: Any, data: Prepared, seed: int) -> None:
         dm.prepare_data()
     dm.setup("test")
     x, y = loader_tensors(dm.test_dataloader, "the datamodule's test_dataloader")
-    if tensors_digest(x.float(), y) != data.meta.get("datamodule_test"):
+    if tensors_digest(x.float() if x.is_floating_point() else x, y) != data.meta.get("datamodule_test"):
         raise DataError(f"prepare.dataset {data.meta['dataset']!r}: the test split differs from the one prepare "
                         f"read when seed {seed} is set; split with a fixed generator (e.g. random_split(..., "
                         "generator=torch.Generator().manual_seed(0))), or the arms are not compared on the same "
@@ -151,11 +151,40 @@ def _remove_lightning_checkpoints(job: SeedJob, but: Path | None = None) -> None
             path.unlink(missing_ok=True)
 
 
+def _start(job: SeedJob, out: ArmOutputs) -> tuple[resume.SeedProgress, Path | None]:
+    """Where the seed starts: its progress so far and the Lightning checkpoint its resume file names (None: from
+    scratch), said in one line."""
+    from ampbench.frameworks import lightning
+
+    prior = resume.load(job.resume_path, job.arm, job.key)
+    saved = job.resume_path.parent / prior[0].get("lightning_checkpoint", "-") if prior is not None else None
+    if saved is not None and saved.is_file():
+        out.log(f"seed {job.seed}: resuming after epoch {len(prior[1].records)} of {job.params.train.epochs}")
+        return prior[1], saved
+    out.log(f"seed {job.seed}: {describe_line(job.policy.describe())}, Lightning precision "
+            f"{lightning.plugin_name(lightning.plugin(job.policy, job.params.train.grad_scaler))}")
+    return resume.SeedProgress(job.arm, job.key), None
+
+
+def _built(job: SeedJob) -> tuple[torch.nn.Module, Any, list[str]]:
+    """The seed's module (initial weights from the seed alone, float32 islands on), its datamodule (its test split
+    checked) and the modules kept in float32."""
+    from ampbench.frameworks import lightning
+
+    lightning.reseed(job.seed, 0)
+    module = _module(job.params).to(job.device)
+    dm = _datamodule(job.params)
+    _check_test_split(dm, job.data, job.seed)
+    float32 = _float32(module, job.params) if job.policy.low_precision else []
+    if float32:
+        keep_float32(module, float32, job.policy.device_type, job.policy.param_dtype)
+    return module, dm, float32
+
+
 def train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs,
                flops: dict[str, Any] | None) -> tuple[dict[str, Any], list[EpochRecord]]:
     """Train (or resume, or reuse) one seed through Lightning; returns its summary record and its epochs."""
     from ampbench.frameworks import lightning
-    from ampbench.stages.seed_record import seed_record, what_ran
 
     prior = resume.load(job.resume_path, job.arm, job.key)
     if prior is not None and prior[1].done is not None:
@@ -163,22 +192,8 @@ def train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs,
         out.seed_files(job, prior[0]["final"], prior[1].records, [])
         return prior[1].done, prior[1].records
     tp = job.params.train
-    progress = resume.SeedProgress(job.arm, job.key)
-    start, saved = 0, None
-    if prior is not None and (job.resume_path.parent / prior[0].get("lightning_checkpoint", "-")).is_file():
-        progress, start = prior[1], len(prior[1].records)
-        saved = job.resume_path.parent / prior[0]["lightning_checkpoint"]
-        out.log(f"seed {job.seed}: resuming after epoch {start} of {tp.epochs}")
-    else:
-        out.log(f"seed {job.seed}: {describe_line(job.policy.describe())}, Lightning precision "
-                f"{lightning.plugin_name(lightning.plugin(job.policy, tp.grad_scaler))}")
-    lightning.reseed(job.seed, 0)  # the module's initial weights: from the seed alone
-    module = _module(job.params).to(job.device)
-    dm = _datamodule(job.params)
-    _check_test_split(dm, job.data, job.seed)
-    float32 = _float32(module, job.params) if job.policy.low_precision else []
-    if float32:
-        keep_float32(module, float32, job.policy.device_type, job.policy.param_dtype)
+    progress, saved = _start(job, out)
+    module, dm, float32 = _built(job)
     later_seeds = len(tp.seeds) - 1 - tp.seeds.index(job.seed)
 
     def on_epoch(record: EpochRecord, trainer: Any) -> None:
@@ -196,28 +211,37 @@ def train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs,
     trainer = lightning.trainer(job.policy, tp.grad_scaler, job.device, tp.epochs, tp.deterministic, probe)
     with out.open_run(job, progress.run_id) as run_id:
         progress.run_id = run_id
-        if start == 0:
+        if saved is None:
             out.dataset(job, data_dir)
-        lightning.reseed(job.seed, start)  # the loaders' first shuffle of the epoch training starts at
-        lightning.fit(trainer, module, dm, saved if start else None)
-        record = seed_record(job, "your LightningDataModule's loaders", progress.records, run_id,
-                             out.files.checkpoint(job.seed).name, out.node)
-        record["flops"] = flops
-        optimizers = trainer.optimizers
-        if optimizers:
-            record.update(what_ran(job.policy, module, optimizers[0]))
-        record["lightning"] = {"precision": lightning.plugin_name(trainer.precision_plugin), **probe.what_ran()}
-        out.numerics(job, run_id, record)
-        module.trainer = None  # the model alone goes into the checkpoint and MLflow, not the Trainer it points to
-        final = {"model": module.state_dict()}
-        paths = out.seed_files(job, final, progress.records, [])
-        out.seed_artifacts(job, paths, record, module)
+        lightning.reseed(job.seed, len(progress.records))  # the loaders' shuffle of the epoch training starts at
+        lightning.fit(trainer, module, dm, saved)
+        record = _finish(job, out, trainer, module, probe, progress, run_id, flops)
     progress.done = record
-    out.seed_done(job, {"final": final}, progress)
+    out.seed_done(job, {"final": {"model": module.state_dict()}}, progress)
     _remove_lightning_checkpoints(job)
     out.log(f"seed {job.seed}: val_accuracy {progress.records[-1].val_accuracy:.4f}, "
             f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")
     return record, progress.records
+
+
+def _finish(job: SeedJob, out: ArmOutputs, trainer: Any, module: torch.nn.Module, probe: Any,
+            progress: resume.SeedProgress, run_id: str, flops: dict[str, Any] | None) -> dict[str, Any]:
+    """Inside the seed's run, once Lightning is done: its record (what ran read back), numerics, files and
+    artifacts."""
+    from ampbench.frameworks import lightning
+    from ampbench.stages.seed_record import seed_record, what_ran
+
+    record = seed_record(job, "your LightningDataModule's loaders", progress.records, run_id,
+                         out.files.checkpoint(job.seed).name, out.node)
+    record["flops"] = flops
+    if trainer.optimizers:
+        record.update(what_ran(job.policy, module, trainer.optimizers[0]))
+    record["lightning"] = {"precision": lightning.plugin_name(trainer.precision_plugin), **probe.what_ran()}
+    out.numerics(job, run_id, record)
+    module.trainer = None  # the model alone goes into the checkpoint and MLflow, not the Trainer it points to
+    paths = out.seed_files(job, {"model": module.state_dict()}, progress.records, [])
+    out.seed_artifacts(job, paths, record, module)
+    return record
 
 
 def speed_arm(arm: str, params: Params, device: torch.device) -> Any:

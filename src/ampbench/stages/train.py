@@ -51,13 +51,10 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
     out = ArmOutputs(arm, ArmFiles(out_dir), resume_dir, project_root, {**tags, "dvc.data_md5": data_md5},
                      enabled=world.is_main, cell=cell)
     try:
-        lightning = params.train.framework == "lightning"
-        if lightning:
-            from ampbench.stages import framework
+        trainer = who_trains(params)
         try:  # first: an arm this device (or the framework) cannot run pays for nothing else
             policy = resolve_policy(arm, device, params.train.fp32_modules)
-            if lightning:
-                framework.check_arm(policy, params)
+            trainer.check_arm(policy, params)
         except ArmUnavailable as exc:
             if cell is not None:  # a cluster cell placed on a node that cannot run the arm: refuse, never record
                 raise
@@ -65,7 +62,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         task = resolve_task(params.train.task, params.train.block_size)
         data = task.view(load_prepared(data_dir))
         check_steps(params, data, world)
-        pre = (framework.preflight if lightning else preflight)(arm, policy, params, data, task, device)
+        pre = trainer.preflight(arm, policy, params, data, task, device)
         plan = request_size(params)
         if plan:
             out.log(plan)
@@ -76,8 +73,8 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
                 key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
                 job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key,
                               pre.model, task)
-                train_seed = framework.train_seed if lightning else _train_seed
-                seeds[str(seed)] = train_seed(job, data_dir, out, pre.flops if seed == params.train.seeds[0] else None)
+                seeds[str(seed)] = trainer.train_seed(job, data_dir, out,
+                                                      pre.flops if seed == params.train.seeds[0] else None)
         except StoreError as exc:
             raise StoreError(f"{exc} — the epochs done are kept in {resume_dir}: run the stage again once the "
                              "store works, it continues from there") from None
@@ -92,6 +89,30 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         raise Interrupted(str(exc) or "SIGINT", out.kept_line()) from None
     finally:
         distributed.shutdown(world)
+
+
+class _PipelineLoop:
+    """Who trains by default: the pipeline's own loop (``training.loop.fit``), on every arm the device runs."""
+
+    @staticmethod
+    def check_arm(policy, params: Params) -> None:
+        """Nothing beyond the device's own check (``resolve_policy``)."""
+
+    preflight = staticmethod(preflight)
+
+    @staticmethod
+    def train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs, flops: dict[str, Any] | None):
+        return _train_seed(job, data_dir, out, flops)
+
+
+def who_trains(params: Params):
+    """train.framework's trainer, as an object with ``check_arm`` (ArmUnavailable for an arm it cannot run),
+    ``preflight`` and ``train_seed``: the pipeline's loop, or a framework's (``framework.py``)."""
+    if params.train.framework == "lightning":
+        from ampbench.stages import framework
+
+        return framework
+    return _PipelineLoop
 
 
 def _skipped(out: ArmOutputs, why: ArmUnavailable, device: torch.device) -> dict[str, Any]:

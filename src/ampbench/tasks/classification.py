@@ -27,6 +27,9 @@ class Classification(Task):
         if data.meta.get("kind") == "tokens":
             raise DataError("train.task: classification trains on images; the prepared data is text (set "
                             "train.task: language_model, or another prepare.dataset)")
+        if data.train.y.ndim != 1:  # a datamodule's token sequences
+            raise DataError("train.task: classification needs one class label per example; the prepared data's "
+                            "targets are sequences (set train.task: language_model)")
         return data
 
     def model_args(self, meta: dict[str, Any]) -> dict[str, Any]:

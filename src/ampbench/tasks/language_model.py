@@ -47,6 +47,8 @@ class LanguageModel(Task):
 
     def view(self, data: Prepared) -> Prepared:
         """Each split's token stream as (sequences, next tokens); a split too short for one sequence stops here."""
+        if data.meta.get("kind") == "inputs" and data.train.y.ndim == 2:  # a datamodule's sequences, as they are
+            return Prepared(data.train, data.val, data.test, {**data.meta, "block_size": data.train.y.shape[1]})
         if data.meta.get("kind") != "tokens":
             raise DataError(f"train.task: language_model trains on text (prepare.dataset: text); the prepared data "
                             f"is {data.meta.get('dataset')!r} images")
@@ -71,7 +73,8 @@ class LanguageModel(Task):
         if not isinstance(logits, torch.Tensor):
             return f"a {type(out).__name__}", "logits are needed: a tensor, or an object with .logits"
         want = (*x.shape, args["vocab_size"])
-        if tuple(logits.shape) != want or not logits.is_floating_point():
+        # a larger vocabulary than the data uses is fine (a datamodule's tokens need not use every id)
+        if tuple(logits.shape[:-1]) != want[:-1] or logits.shape[-1] < want[-1] or not logits.is_floating_point():
             return (f"{logits.dtype} of shape {tuple(logits.shape)}", f"expected logits of shape {want} (sequences "
                     f"× tokens × the data's {args['vocab_size']}-symbol vocabulary)")
         return None

@@ -1,0 +1,74 @@
+"""What the pipeline adds to a Lightning job's step time: the example's training by Lightning alone (its Trainer and
+the arm's precision plugin, nothing of ours) against the same training with the pipeline's read-back Callback, as
+the train stage runs it (sampled steps every train.telemetry_every, loss and loss-scale bookkeeping every step).
+
+Rounds interleave A B, B A, … on one module per side (each round a Trainer of --steps steps over the datamodule's
+training loader, validation off); a round's value is B's seconds per step over A's. Prints one JSON object: the
+median ratio over rounds with its distribution-free interval (speed/ratios.py) and the per-round values.
+
+Run: .venv/bin/python scripts/framework_overhead.py [--arm bf16] [--rounds 15] [--steps 60] [--channels 16]
+(BENCHMARKS.md: "Lightning: what the pipeline adds to the step").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arm", default="bf16", help="the precision arm (its Lightning plugin)")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds (pairs A, B)")
+    ap.add_argument("--steps", type=int, default=60, help="optimizer steps per side and round")
+    ap.add_argument("--channels", type=int, default=16, help="the example classifier's width")
+    ap.add_argument("--every", type=int, default=10, help="train.telemetry_every: steps between sampled steps")
+    a = ap.parse_args()
+
+    import torch
+
+    from ampbench.config.params import GradScalerParams
+    from ampbench.frameworks import lightning
+    from ampbench.frameworks.readback import ReadBack
+    from ampbench.precision.policy import resolve_policy
+    from ampbench.speed.ratios import median_interval
+    from examples.lightning_classifier import DigitsClassifier, DigitsData
+
+    torch.manual_seed(0)
+    device = torch.device("cpu")
+    policy = resolve_policy(a.arm, device)
+    policy.apply_backend_flags()
+    modules = {side: DigitsClassifier(channels=a.channels) for side in ("alone", "pipeline")}
+    data = DigitsData()
+
+    def one(side: str) -> float:
+        callbacks = ([ReadBack(a.arm, policy, [], a.every, window=10, warmup=5, seed=0)]
+                     if side == "pipeline" else [])
+        trainer = lightning.L.Trainer(
+            accelerator="cpu", devices=1, plugins=[lightning.plugin(policy, GradScalerParams())], max_epochs=-1,
+            max_steps=a.steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+        start = time.perf_counter()
+        trainer.fit(modules[side], datamodule=data)
+        return (time.perf_counter() - start) / a.steps
+
+    one("alone"), one("pipeline")  # warm-up: imports, allocator, first optimizer state
+    per_round = []
+    for r in range(a.rounds):
+        order = ("alone", "pipeline") if r % 2 == 0 else ("pipeline", "alone")
+        t = {side: one(side) for side in order}
+        per_round.append(t["pipeline"] / t["alone"])
+    iv = median_interval(per_round)
+    print(json.dumps({"arm": a.arm, "steps": a.steps, "rounds": a.rounds, "channels": a.channels,
+                      "telemetry_every": a.every, "ratio_median": iv.median, "ratio_interval": [iv.low, iv.high],
+                      "coverage": iv.coverage, "per_round": [round(x, 4) for x in per_round]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
