@@ -32,13 +32,13 @@ def main() -> None:
     a = ap.parse_args()
 
     import torch
+    from examples.lightning_classifier import DigitsClassifier, DigitsData
 
     from ampbench.config.params import GradScalerParams
     from ampbench.frameworks import lightning
-    from ampbench.frameworks.readback import ReadBack
+    from ampbench.frameworks.readback import StepBook
     from ampbench.precision.policy import resolve_policy
     from ampbench.speed.ratios import median_interval
-    from examples.lightning_classifier import DigitsClassifier, DigitsData
 
     torch.manual_seed(0)
     device = torch.device("cpu")
@@ -48,7 +48,7 @@ def main() -> None:
     data = DigitsData()
 
     def one(side: str) -> float:
-        callbacks = ([ReadBack(a.arm, policy, [], a.every, window=10, warmup=5, seed=0)]
+        callbacks = ([lightning.ReadBack(StepBook(a.arm, policy, [], a.every, window=10, warmup=5), seed=0)]
                      if side == "pipeline" else [])
         trainer = lightning.L.Trainer(
             accelerator="cpu", devices=1, plugins=[lightning.plugin(policy, GradScalerParams())], max_epochs=-1,

@@ -77,7 +77,8 @@ def test_trained_through_lightning_and_read_back(setup):
     params, data_dir, root = setup
     summary = _arm("fp16", params, data_dir, root, "run")
     seed = summary["seeds"]["0"]
-    ran = seed["lightning"]
+    ran = seed["framework"]
+    assert ran["name"] == "Lightning" and summary["framework"] == ran
     assert ran["precision"] == "16-mixed" and ran["compute_dtypes"] == ["float16"]
     assert ran["autocast"] == ["float16"] and ran["weight_dtypes"] == ["float32"] and ran["grad_dtypes"] == ["float32"]
     assert summary["flops"]["low_precision_share"] == 1.0 and summary["model"]["kind"] == "lightning"
@@ -215,7 +216,7 @@ def test_a_lightning_language_model_is_judged_on_its_loss_per_token(tmp_path, ti
     assert "Δloss, nats/token" in report and "test sequences" in report
     assert row.split("|")[2].strip() in ("**not worse**", "**inconclusive**", "**worse**"), row
     summary = json.loads((tmp_path / "models" / "bf16" / "summary.json").read_text())
-    assert summary["seeds"]["0"]["lightning"]["compute_dtypes"] == ["bfloat16"]
+    assert summary["seeds"]["0"]["framework"]["compute_dtypes"] == ["bfloat16"]
 
 
 def test_importing_ampbench_loads_no_lightning():
@@ -244,7 +245,9 @@ def test_dvc_exp_run_measures_the_lightning_job(tmp_path, tiny_params):
         assert re.fullmatch(r"[\d.]+× \[[\d.]+, [\d.]+\]( unstable)?", cells[4]), row  # speed × fp32, its interval
     assert f"{EXAMPLE}:DigitsClassifier" in report
     summary = json.loads((repo / "models" / "fp16" / "summary.json").read_text())
-    assert summary["seeds"]["0"]["lightning"]["precision"] == "16-mixed"
+    assert summary["seeds"]["0"]["framework"]["precision"] == "16-mixed"
+    assert ("**fp16**: " in report and "Lightning precision 16-mixed: matmuls and convolutions computed in float16 "
+            "(autocast float16), weights float32, gradients float32" in report)
     assert summary["model"]["args"] == {"channels": 4}
     import mlflow
 
@@ -252,3 +255,6 @@ def test_dvc_exp_run_measures_the_lightning_job(tmp_path, tiny_params):
     runs = mlflow.search_runs(search_all_experiments=True, filter_string=ARM_RUNS)
     assert sorted(runs["tags.precision"]) == ["bf16", "bf16", "fp16", "fp16", "fp32", "fp32"]
     assert set(runs["status"]) == {"FINISHED"}
+    fp16 = runs[runs["tags.precision"] == "fp16"]
+    assert set(fp16["tags.framework.precision"]) == {"16-mixed"} and set(fp16["tags.framework.compute_dtypes"]) == {
+        "float16"}

@@ -104,6 +104,7 @@ class ArmSummary(_Strict):
     optimizer: dict[str, str] | None = None
     state_bytes: dict[str, Any] | None = None
     float8: dict[str, Any] | None = None
+    framework: dict[str, Any] | None = None  # a framework's trainer: its precision setting and what was read back
     first_nonfinite: dict[str, dict[str, Any]] = {}
     activations: list[dict[str, Any]] = []
 

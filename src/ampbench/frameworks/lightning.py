@@ -4,9 +4,9 @@
 ``prepare.dataset`` the LightningDataModule's (built with ``prepare.dataset_args``). Every seed trains through the
 module's ``training_step`` and ``configure_optimizers`` on the datamodule's loaders, under the Lightning precision
 plugin that means the arm (``plugin``: derived from the arm's ``PrecisionPolicy``, so the precision decision stays
-in one place). What the pipeline adds is one Callback, ``readback.ReadBack``: the epochs' records, what every
-matmul computed in, and a one-line refusal of an arm that ran as something else. ``LightningArm`` steps an arm for
-the speed stage's harness.
+in one place). What the pipeline adds is one Callback, ``ReadBack``, which feeds ``readback.StepBook``: the epochs'
+records, what every matmul computed in, and a one-line refusal of an arm that ran as something else.
+``LightningArm`` steps an arm for the speed stage's harness.
 
 Imported only when the framework is chosen: ``import ampbench`` stays free of Lightning.
 """
@@ -14,6 +14,7 @@ Imported only when the framework is chosen: ``import ampbench`` stays free of Li
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import warnings
@@ -25,8 +26,8 @@ import torch
 from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
 
 from ampbench.config.params import GradScalerParams
-from ampbench.errors import ArmUnavailable
-from ampbench.frameworks.readback import ReadBack, reseed  # noqa: F401  (reseed: the stage's, from here)
+from ampbench.errors import AmpbenchError, ArmUnavailable
+from ampbench.frameworks.readback import StepBook, batch_size
 from ampbench.precision.policy import PrecisionPolicy
 
 # Lightning 2.6 calls a torch.utils._pytree API that torch 2.14 deprecates, on every fit: not the user's to fix.
@@ -60,6 +61,59 @@ def plugin(policy: PrecisionPolicy, scaler: GradScalerParams) -> Precision:
 def plugin_name(p: Precision) -> str:
     """The Trainer ``precision`` string the plugin stands for."""
     return getattr(p, "precision", "32-true")
+
+
+class ReadBack(L.Callback):
+    """The pipeline's one Callback on a Lightning run: its hooks feed ``book`` (a ``StepBook``). ``validate(module)``
+    gives (val_loss, val_accuracy); ``on_epoch(record, trainer)`` receives each epoch."""
+
+    def __init__(self, book: StepBook, seed: int, validate: Any = None, on_epoch: Any = None):
+        self.book, self.seed, self.validate, self.on_epoch = book, seed, validate, on_epoch
+        self.interrupt: KeyboardInterrupt | None = None  # what Lightning turned into an exit, given back by ``fit``
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.book.epoch_start(trainer.strategy.root_device, trainer.global_step)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.book.epoch_start(trainer.strategy.root_device, trainer.global_step)
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, i: int) -> None:
+        self.book.step_start(module, getattr(trainer.precision_plugin, "scaler", None))
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, module: L.LightningModule, optimizer: Any) -> None:
+        self.book.grads(module)
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any,
+                           i: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if not isinstance(loss, torch.Tensor):
+            # Lightning hands a None return on as an empty dict, skipping the batch with only a warning
+            got = "None" if outputs is None or outputs == {} else f"a {type(outputs).__name__} without 'loss'"
+            raise AmpbenchError(f"train.model: training_step returned {got}; it must return the loss (a tensor, or "
+                                "a dict with 'loss') for every batch, or that batch trains nothing")
+        self.book.step_end(loss, batch_size(batch), getattr(trainer.precision_plugin, "scaler", None),
+                           trainer.global_step)
+
+    def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
+        self.interrupt = exception if isinstance(exception, KeyboardInterrupt) else None
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if self.on_epoch is None:
+            return
+        val = self.validate(module) if self.validate else (math.nan, math.nan)
+        module.train()
+        optimizers = trainer.optimizers
+        lr = float(optimizers[0].param_groups[0]["lr"]) if optimizers else math.nan
+        self.on_epoch(self.book.record(trainer.current_epoch + 1, trainer.global_step, val,
+                                       getattr(trainer.precision_plugin, "scaler", None), lr), trainer)
+        reseed(self.seed, trainer.current_epoch + 1)
+
+
+def reseed(seed: int, epoch: int) -> None:
+    """Every random draw of epoch ``epoch`` (the loaders' shuffle, their workers, dropout) from (seed, epoch) alone:
+    what makes a run resumed from an epoch's checkpoint train exactly as one that never stopped (Lightning's
+    checkpoints hold no random state)."""
+    L.seed_everything(seed * 1_000_003 + epoch, workers=True, verbose=False)
 
 
 def trainer(policy: PrecisionPolicy, scaler: GradScalerParams, device: torch.device, epochs: int,
@@ -113,11 +167,11 @@ class LightningArm:
     def round(self, steps: int, window: int) -> list[float]:
         """Samples/s of each window of ``window`` steps in ``steps`` steps."""
         self.policy.apply_backend_flags()
-        probe = ReadBack(self.arm, self.policy, self.float32, every=10**9, window=window, warmup=0, seed=0)
-        run = trainer(self.policy, self.scaler, self.device, -1, self.deterministic, probe, max_steps=steps,
-                      limit_val_batches=0, num_sanity_val_steps=0)
+        book = StepBook(self.arm, self.policy, self.float32, every=10**9, window=window, warmup=0)
+        run = trainer(self.policy, self.scaler, self.device, -1, self.deterministic, ReadBack(book, 0),
+                      max_steps=steps, limit_val_batches=0, num_sanity_val_steps=0)
         fit(run, self.module, self.datamodule)
-        return probe.all_windows
+        return book.all_windows
 
 
 def save(trainer_: L.Trainer, path: Path) -> None:

@@ -1,4 +1,5 @@
-"""``ReadBack``: the one Lightning Callback the pipeline adds to a framework's run (``lightning.py``).
+"""``StepBook``: what the pipeline reads from a framework's training run, step by step, whatever the framework (its
+callbacks call it: ``lightning.py``, ``hf.py``).
 
 - Per epoch an ``EpochRecord``: the mean of the losses ``training_step`` returned, the pipeline's own validation on
   the prepared val split (the same numbers a built-in task records), throughput windows, loss scale, skipped steps.
@@ -15,9 +16,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import lightning.pytorch as L
 import torch
 from torch import nn
 
@@ -29,10 +29,16 @@ from ampbench.training.flops import DtypeFlopCounter, flop_summary
 from ampbench.training.state import EpochRecord
 
 MATMUL = (nn.Linear, nn.modules.conv._ConvNd)  # what autocast runs in 16 bits: the compute the arm is about
+MATMUL_NAMES = ("Conv1D",)  # Hugging Face's GPT-2 projections (an addmm on a weight matrix), by class name
 
 
 class ArmMismatch(AmpbenchError):
-    """The arm trained as something else than it asked (a flag overridden by the framework or the user's code)."""
+    """The arm trained as something else than it asked: ``blame`` is the user's line that overrode it, or None when
+    the framework itself did (it ignores the flag on this device: the arm is then skipped, not refused)."""
+
+    def __init__(self, message: str, blame: str | None = None):
+        super().__init__(message)
+        self.blame = blame
 
 
 def expected_dtype(policy: PrecisionPolicy) -> torch.dtype:
@@ -56,32 +62,32 @@ def _dtype(d: torch.dtype | None) -> str:
     return str(d).removeprefix("torch.") if d is not None else "none"
 
 
-class ReadBack(L.Callback):
-    """The pipeline's one Callback (see the module docstring). ``validate(module)`` gives (val_loss,
-    val_accuracy); ``on_epoch(record, trainer)`` receives each epoch. ``count_flops``: count the first step's
-    FLOPs by dtype (the preflight's dry step)."""
+class StepBook:
+    """The read-back of one Trainer's run (see the module docstring), fed by a framework's callback: ``epoch_start``,
+    ``step_start`` / ``grads`` / ``step_end`` per step, ``record`` per epoch. ``count_flops``: count the first
+    step's FLOPs by dtype (the preflight's dry step)."""
 
     def __init__(self, arm: str, policy: PrecisionPolicy, float32: list[str], every: int, window: int,
-                 warmup: int, seed: int, validate: Callable[[nn.Module], tuple[float, float]] | None = None,
-                 on_epoch: Callable[[EpochRecord, L.Trainer], None] | None = None, count_flops: bool = False):
+                 warmup: int, count_flops: bool = False):
         self.arm, self.policy, self.float32 = arm, policy, tuple(float32)
         self.expect = expected_dtype(policy)
-        self.every, self.window, self.warmup, self.seed = every, window, warmup, seed
-        self.validate, self.on_epoch, self.count_flops = validate, on_epoch, count_flops
+        self.every, self.window, self.warmup, self.count_flops = every, window, warmup, count_flops
         self.seen: dict[str, dict[str, str]] = {}  # module → what it computed in, on the last sampled step
         self.where: dict[str, str | None] = {}  # module → the user's line around its first 16-vs-32 surprise
         self.grad_dtypes: set[str] = set()
         self.flops: dict[str, Any] | None = None
         self._hooks: list[Any] = []
         self._counter: DtypeFlopCounter | None = None
+        self._scale: torch.Tensor | None = None
         self.batches = 0  # training batches run by this Trainer
-        self.interrupt: KeyboardInterrupt | None = None  # what Lightning turned into an exit, given back by ``fit``
         self.all_windows: list[float] = []  # every timing window of the run, across epochs (the speed harness's)
+        self.sampled = False
 
     # -- what ran -------------------------------------------------------------------------------------------------
     def _watch(self, module: nn.Module) -> None:
         for name, m in module.named_modules():
-            if isinstance(m, MATMUL) and not any(name == f or name.startswith(f + ".") for f in self.float32):
+            if ((isinstance(m, MATMUL) or type(m).__name__ in MATMUL_NAMES)
+                    and not any(name == f or name.startswith(f + ".") for f in self.float32)):
                 self._hooks.append(m.register_forward_hook(self._hook(name)))
 
     def _hook(self, name: str):
@@ -99,7 +105,8 @@ class ReadBack(L.Callback):
 
     def check(self) -> None:
         """ArmMismatch when the sampled step computed nothing in the arm's type (a 16-bit arm) or something in 16
-        bits (a float32 arm)."""
+        bits (a float32 arm). Its ``blame`` is the user's line, or None when nothing of the user's code was on the
+        stack (the framework itself ran the arm as something else)."""
         if not self.seen:
             return
         if self.expect == torch.float32:
@@ -111,16 +118,19 @@ class ReadBack(L.Callback):
         if not odd:
             return
         name, s = odd[0]
+        where = self.where.get(name)
         if s["weight"] != "float32" and s["weight"] == s["output"]:
             why = f"{name}'s weights are {s['weight']} (your code casts or loads the module in it)"
         elif s["autocast"] == "off" and self.policy.autocast_dtype is not None:
-            why = f"autocast was off around {name} (your code turns it off or casts to float32)"
+            why = (f"autocast was off around {name} (your code turns it off or casts to float32)" if where else
+                   f"autocast was off around {name}: the framework did not apply the arm's flag on "
+                   f"{self.policy.device_type}")
         elif s["autocast"] != "off" and self.policy.autocast_dtype is None:
-            why = f"autocast ({s['autocast']}) was on around {name} in your code"
+            why = f"autocast ({s['autocast']}) was on around {name}"
         else:
             why = f"{name} computed in {s['output']} with {s['weight']} weights and autocast {s['autocast']}"
-        where = self.where.get(name)
-        raise ArmMismatch(f"the {self.arm} arm trained in {s['output']}: {why}" + (f" ({where})" if where else ""))
+        raise ArmMismatch(f"the {self.arm} arm trained in {s['output']}: {why}" + (f" ({where})" if where else ""),
+                          where)
 
     def what_ran(self) -> dict[str, Any]:
         """The read-back, for the seed's record and its MLflow tags."""
@@ -129,64 +139,53 @@ class ReadBack(L.Callback):
                 "weight_dtypes": sorted({s["weight"] for s in self.seen.values()}),
                 "grad_dtypes": sorted(self.grad_dtypes), "modules_read": len(self.seen)}
 
-    # -- Lightning hooks ------------------------------------------------------------------------------------------
-    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        self._epoch_start(trainer)
-
-    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        self._epoch_start(trainer)
-
-    def _epoch_start(self, trainer: L.Trainer) -> None:
-        device = trainer.strategy.root_device
+    # -- a run's steps and epochs ---------------------------------------------------------------------------------
+    def epoch_start(self, device: torch.device, global_step: int) -> None:
+        self.device = device
         self.loss_sum, self.samples = torch.zeros((), device=device), 0
         self.skipped = torch.zeros((), device=device, dtype=torch.int64)
-        self.first_step, self.windows, self.steps = trainer.global_step, [], []
+        self.first_step, self.windows, self.steps = global_step, [], []
         self.t0 = self.t_last = self.t_window = time.perf_counter()
         self.in_window = 0
 
-    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, i: int) -> None:
+    def step_start(self, module: nn.Module, scaler: Any) -> None:
+        """Before a step's forward: hooks on a sampled step, the loss scale, the FLOP counter on the first."""
         signals.checkpoint()  # a signal a finalizer swallowed stops training here
         self.sampled = self.batches % self.every == 0
         if self.sampled:
             self.seen = {}
             self._watch(module)
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        self._scale = scaler._scale.clone() if scaler is not None and scaler._scale is not None else None
+        self._scale = scaler._scale.clone() if scaler is not None and getattr(scaler, "_scale", None) is not None \
+            else None
         if self.count_flops and self.batches == 0:
             self._counter = DtypeFlopCounter().__enter__()
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, module: L.LightningModule, optimizer: Any) -> None:
+    def grads(self, module: nn.Module) -> None:
+        """Before the optimizer steps: the gradients' dtypes, on a sampled step."""
         if self.sampled:
             self.grad_dtypes = {_dtype(p.grad.dtype) for p in module.parameters() if p.grad is not None}
 
-    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any,
-                           i: int) -> None:
+    def step_end(self, loss: torch.Tensor | None, n: int, scaler: Any, global_step: int) -> None:
+        """After the optimizer step: ``loss`` (the step's, None when unseen) over ``n`` examples."""
         if self._counter is not None:
             self._counter.__exit__(None, None, None)
-            self.flops, self._counter = flop_summary(self._counter.flops, _batch_size(batch)), None
+            self.flops, self._counter = flop_summary(self._counter.flops, n), None
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if not isinstance(loss, torch.Tensor):
-            # Lightning hands a None return on as an empty dict, skipping the batch with only a warning
-            got = "None" if outputs is None or outputs == {} else f"a {type(outputs).__name__} without 'loss'"
-            raise AmpbenchError(f"train.model: training_step returned {got}; it must return the loss (a tensor, or "
-                                "a dict with 'loss') for every batch, or that batch trains nothing")
-        n = _batch_size(batch)
-        self.loss_sum += loss.detach().float() * n
+        if loss is not None:
+            self.loss_sum += loss.detach().float() * n
         self.samples += n
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
         if self._scale is not None:  # GradScaler backs off exactly when it skipped the step
             self.skipped += (scaler._scale < self._scale).long().squeeze()
         self.batches += 1
         if self.sampled:
             self.check()
-            self.steps.append({"step": trainer.global_step, "loss": float(loss.detach()),
+            self.steps.append({"step": global_step, "loss": float(loss.detach()) if loss is not None else math.nan,
                                "scale": float(scaler.get_scale()) if scaler is not None else 1.0})
         self.in_window += n
         if self.batches > self.warmup and self.batches % self.window == 0:
-            if trainer.strategy.root_device.type == "cuda":
+            if self.device.type == "cuda":
                 torch.cuda.synchronize()
             now = time.perf_counter()
             if self.batches - self.window >= self.warmup:
@@ -195,31 +194,21 @@ class ReadBack(L.Callback):
             self.t_window, self.in_window = now, 0
         self.t_last = time.perf_counter()
 
-    def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
-        self.interrupt = exception if isinstance(exception, KeyboardInterrupt) else None
-
-    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        if self.on_epoch is None:
-            return
-        seconds = max(self.t_last - self.t0, 1e-9)  # the epoch's training, not Lightning's validation after it
-        val_loss, val_accuracy = self.validate(module) if self.validate else (math.nan, math.nan)
-        module.train()
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        optimizers = trainer.optimizers
-        record = EpochRecord(
-            epoch=trainer.current_epoch + 1, train_loss=(self.loss_sum / max(self.samples, 1)).item(),
+    def record(self, epoch: int, global_step: int, val: tuple[float, float], scaler: Any,
+               lr: float) -> EpochRecord:
+        """The epoch just trained (``epoch``, 1-based) as the pipeline's ``EpochRecord``."""
+        seconds = max(self.t_last - self.t0, 1e-9)  # the epoch's training, not the framework's evaluation after it
+        return EpochRecord(
+            epoch=epoch, train_loss=(self.loss_sum / max(self.samples, 1)).item(),
             train_accuracy=math.nan,  # the module's logits are its own business during training
-            val_loss=val_loss, val_accuracy=val_accuracy, samples_per_s=self.samples / seconds,
-            epoch_seconds=seconds, loss_scale=float(scaler.get_scale()) if scaler is not None else 1.0,
-            skipped_steps=int(self.skipped.item()), optimizer_steps=trainer.global_step - self.first_step,
-            input_wait_seconds=math.nan, lr=float(optimizers[0].param_groups[0]["lr"]) if optimizers else math.nan,
-            grads={}, steps=self.steps, windows=self.windows,
-            evaluations=[{"step": trainer.global_step, "seconds": seconds, "val_loss": val_loss}])
-        self.on_epoch(record, trainer)
-        reseed(self.seed, trainer.current_epoch + 1)
+            val_loss=val[0], val_accuracy=val[1], samples_per_s=self.samples / seconds, epoch_seconds=seconds,
+            loss_scale=float(scaler.get_scale()) if scaler is not None else 1.0,
+            skipped_steps=int(self.skipped.item()), optimizer_steps=global_step - self.first_step,
+            input_wait_seconds=math.nan, lr=lr, grads={}, steps=self.steps, windows=self.windows,
+            evaluations=[{"step": global_step, "seconds": seconds, "val_loss": val[0]}])
 
 
-def _batch_size(batch: Any) -> int:
+def batch_size(batch: Any) -> int:
     """Examples in a batch: the first dimension of its first tensor."""
     first = batch
     while isinstance(first, (tuple, list)) and first:
@@ -227,10 +216,3 @@ def _batch_size(batch: Any) -> int:
     if isinstance(first, dict) and first:
         first = next(iter(first.values()))
     return len(first) if isinstance(first, torch.Tensor) and first.ndim else 1
-
-
-def reseed(seed: int, epoch: int) -> None:
-    """Every random draw of epoch ``epoch`` (the loaders' shuffle, dropout) from (seed, epoch) alone: what makes a
-    run resumed from an epoch's checkpoint train exactly as one that never stopped (Lightning's checkpoints hold no
-    random state)."""
-    L.seed_everything(seed * 1_000_003 + epoch, workers=True, verbose=False)

@@ -162,6 +162,12 @@ def what_ran(trained: ArmSummary, base_state: dict[str, Any] | None) -> list[str
               else "")
         parts.append(f"weights + gradients + optimizer state {state['per_parameter']:.1f} bytes per parameter "
                      f"({state['total'] / 2**20:,.2f} MiB{vs}; counted tensor by tensor)")
+    fw = trained.framework
+    if fw:
+        seen = {k: ", ".join(fw[k]) for k in ("compute_dtypes", "autocast", "weight_dtypes", "grad_dtypes")}
+        parts.append(f"{fw['name']} precision {fw['precision']}: matmuls and convolutions computed in "
+                     f"{seen['compute_dtypes'] or 'none seen'} (autocast {seen['autocast']}), weights "
+                     f"{seen['weight_dtypes']}, gradients {seen['grad_dtypes']} (read back as it trained)")
     if f8:
         rows = f8["modules"]
         left = [f"{r['module']} ({r['reason']})" for r in rows if not r["converted"]]

@@ -87,12 +87,11 @@ def _float32(module: torch.nn.Module, params: Params) -> list[str]:
         raise ParamsError(str(exc)) from None
 
 
-def _readback(job_arm: str, policy: PrecisionPolicy, float32: list[str], params: Params, seed: int, **kw: Any):
-    from ampbench.frameworks.lightning import ReadBack
+def _book(arm: str, policy: PrecisionPolicy, float32: list[str], params: Params, count_flops: bool = False):
+    from ampbench.frameworks.readback import StepBook
 
-    tp = params.train
-    return ReadBack(job_arm, policy, float32 if policy.low_precision else [], tp.telemetry_every, window=10,
-                    warmup=5, seed=seed, **kw)
+    return StepBook(arm, policy, float32 if policy.low_precision else [], params.train.telemetry_every, window=10,
+                    warmup=5, count_flops=count_flops)
 
 
 def preflight(arm: str, policy: PrecisionPolicy, params: Params, data: Prepared, task: Task,
@@ -112,14 +111,13 @@ def preflight(arm: str, policy: PrecisionPolicy, params: Params, data: Prepared,
         if float32 and policy.low_precision:
             keep_float32(module, float32, policy.device_type, policy.param_dtype)
         policy.apply_backend_flags()
-        probe = _readback(arm, policy, float32, params, 0, count_flops=True)
-        probe.every = 1
-        trainer = lightning.trainer(policy, tp.grad_scaler, device, 1, tp.deterministic, probe, max_steps=1,
-                                    limit_val_batches=0, num_sanity_val_steps=0)
+        book = _book(arm, policy, float32, params, count_flops=True)
+        trainer = lightning.trainer(policy, tp.grad_scaler, device, 1, tp.deterministic, lightning.ReadBack(book, 0),
+                                    max_steps=1, limit_val_batches=0, num_sanity_val_steps=0)
         lightning.fit(trainer, module, _datamodule(params))
         identity = check_built(ModelSpec.from_train(tp), _module(params).to(device), data.train.x[:2].to(device),
                                contract, task, data.train.y[:2], data.test)
-    flops = probe.flops or {"per_sample": 0, "low_precision_share": 0.0}
+    flops = book.flops or {"per_sample": 0, "low_precision_share": 0.0}
     if policy.low_precision and float32 and flops.get("per_sample") and not flops["low_precision_share"]:
         raise ParamsError(f"train.fp32_modules: {list(tp.fp32_modules)} keeps every module that computes in "
                           f"float32, so {arm} would run no 16-bit matmul or convolution and only be labelled {arm}")
@@ -205,17 +203,17 @@ def train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs,
         out.log(epoch_line(f"seed {job.seed}", record, tp.epochs, tp.epochs - record.epoch + later_seeds * tp.epochs))
 
     job.policy.apply_backend_flags()
-    probe = _readback(job.arm, job.policy, float32, job.params, job.seed,
-                      validate=lambda m: job.task.validate(m, job.data.val, job.policy, job.params.evaluate.batch_size),
-                      on_epoch=on_epoch)
-    trainer = lightning.trainer(job.policy, tp.grad_scaler, job.device, tp.epochs, tp.deterministic, probe)
+    book = _book(job.arm, job.policy, float32, job.params)
+    readback = lightning.ReadBack(book, job.seed, on_epoch=on_epoch, validate=lambda m: job.task.validate(
+        m, job.data.val, job.policy, job.params.evaluate.batch_size))
+    trainer = lightning.trainer(job.policy, tp.grad_scaler, job.device, tp.epochs, tp.deterministic, readback)
     with out.open_run(job, progress.run_id) as run_id:
         progress.run_id = run_id
         if saved is None:
             out.dataset(job, data_dir)
         lightning.reseed(job.seed, len(progress.records))  # the loaders' shuffle of the epoch training starts at
         lightning.fit(trainer, module, dm, saved)
-        record = _finish(job, out, trainer, module, probe, progress, run_id, flops)
+        record = _finish(job, out, trainer, module, book, progress, run_id, flops)
     progress.done = record
     out.seed_done(job, {"final": {"model": module.state_dict()}}, progress)
     _remove_lightning_checkpoints(job)
@@ -224,7 +222,7 @@ def train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs,
     return record, progress.records
 
 
-def _finish(job: SeedJob, out: ArmOutputs, trainer: Any, module: torch.nn.Module, probe: Any,
+def _finish(job: SeedJob, out: ArmOutputs, trainer: Any, module: torch.nn.Module, book: Any,
             progress: resume.SeedProgress, run_id: str, flops: dict[str, Any] | None) -> dict[str, Any]:
     """Inside the seed's run, once Lightning is done: its record (what ran read back), numerics, files and
     artifacts."""
@@ -236,7 +234,8 @@ def _finish(job: SeedJob, out: ArmOutputs, trainer: Any, module: torch.nn.Module
     record["flops"] = flops
     if trainer.optimizers:
         record.update(what_ran(job.policy, module, trainer.optimizers[0]))
-    record["lightning"] = {"precision": lightning.plugin_name(trainer.precision_plugin), **probe.what_ran()}
+    record["framework"] = {"name": "Lightning", "precision": lightning.plugin_name(trainer.precision_plugin),
+                           **book.what_ran()}
     out.numerics(job, run_id, record)
     module.trainer = None  # the model alone goes into the checkpoint and MLflow, not the Trainer it points to
     paths = out.seed_files(job, {"model": module.state_dict()}, progress.records, [])

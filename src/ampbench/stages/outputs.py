@@ -241,6 +241,9 @@ def what_ran_tags(record: dict[str, Any]) -> dict[str, str]:
     """MLflow tags of what a seed really ran: optimizer class and rounding, float8's converted and left-out
     Linear layers (cut to MLflow's 5,000 characters per tag)."""
     tags = {f"optimizer.{k.removeprefix('optimizer_')}": v for k, v in (record.get("optimizer") or {}).items()}
+    fw = record.get("framework")
+    if fw:  # a framework's trainer: its precision setting and what was read back
+        tags.update({f"framework.{k}": ",".join(v) if isinstance(v, list) else str(v) for k, v in fw.items()})
     f8 = record.get("float8")
     if f8:
         rows = f8["modules"]

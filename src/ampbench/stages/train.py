@@ -158,7 +158,8 @@ def _arm_summary(arm, params, policy, device, world, model, seeds: dict[str, dic
         "flops": next((s["flops"] for s in seeds.values() if s.get("flops")), None),
         # What ran, read back from the first finished seed: optimizer class and rounding, the bytes of weights,
         # gradients and optimizer state, float8's converted and left-out Linear layers.
-        **{k: next((s[k] for s in ok if s.get(k)), None) for k in ("optimizer", "state_bytes", "float8")},
+        **{k: next((s[k] for s in ok if s.get(k)), None) for k in ("optimizer", "state_bytes", "float8",
+                                                                    "framework")},
         "first_nonfinite": {seed: s["first_nonfinite"] for seed, s in seeds.items() if s.get("first_nonfinite")},
         "activations": merge_tables([s.get("activations") or [] for s in seeds.values()]),
     }
