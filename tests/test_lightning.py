@@ -108,8 +108,8 @@ def test_an_interrupted_lightning_seed_resumes_exactly(setup, monkeypatch):
     # The resume file names the Lightning checkpoint of its own last epoch (the 3rd epoch's, written before the
     # interruption, is not the one it goes with).
     resume_file = checkpoint.load(kept / "seed0.pt")
-    assert resume_file["lightning_checkpoint"] == "seed0.epoch2.lightning.ckpt"
-    assert (kept / resume_file["lightning_checkpoint"]).exists()
+    assert resume_file["framework_checkpoint"] == "seed0.epoch2.framework.ckpt"
+    assert (kept / resume_file["framework_checkpoint"]).exists()
     assert len(checkpoint.load(kept / "seed0.pt")["meta"]["resume"]["records"]) == 2
     resumed = _arm("fp16", params, data_dir, root, "cut")
     a = checkpoint.load(ArmFiles(root / "whole" / "fp16").checkpoint(0))["model"]
@@ -167,7 +167,8 @@ class SeededSplit(DigitsData):
 @pytest.mark.parametrize("model, arm, error, match", [
     ("NoLoss", "fp32", AmpbenchError, r"^train\.model: training_step returned None; it must return the loss"),
     ("LossUnnamed", "fp32", ModelError, r"^Lightning refused train\.model LossUnnamed: .*'loss'"),
-    ("HalfWeights", "fp32", AmpbenchError, r"^the fp32 arm trained in bfloat16: net\.0's weights are bfloat16"),
+    ("HalfWeights", "fp32", AmpbenchError, r"^the fp32 arm trained with bfloat16 weights: net\.0's weights are "
+                                           r"bfloat16, not float32"),
     ("nowhere:Module", "fp32", ModelError, r"^train\.model 'nowhere:Module': cannot import nowhere"),
 ])
 def test_bad_lightning_code_is_one_line_and_writes_nothing(setup, monkeypatch, model, arm, error, match):
@@ -219,10 +220,24 @@ def test_a_lightning_language_model_is_judged_on_its_loss_per_token(tmp_path, ti
     assert summary["seeds"]["0"]["framework"]["compute_dtypes"] == ["bfloat16"]
 
 
-def test_importing_ampbench_loads_no_lightning():
-    code = "import sys, ampbench, ampbench.stages.train; print(any(m.startswith('lightning') for m in sys.modules))"
+def test_importing_ampbench_loads_no_framework():
+    """Lightning, transformers and accelerate are imported only when train.framework names one: not by the
+    library, nor by the stages' modules."""
+    code = ("import sys, ampbench, ampbench.stages.train, ampbench.stages.speed, ampbench.stages.evaluate, "
+            "ampbench.stages.framework, ampbench.data.user_data; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'transformers', 'accelerate'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    assert out.strip() == "False"
+    assert out.strip() == "[]"
+
+
+def test_the_report_says_what_to_set_in_the_framework():
+    from ampbench.config.arms import ARMS, adoption_code
+
+    assert adoption_code(ARMS["bf16"], "cuda", "lightning") == 'trainer = L.Trainer(..., precision="bf16-mixed")'
+    assert "MixedPrecision(\"16-mixed\", \"cpu\"" in adoption_code(ARMS["fp16"], "cpu", "lightning")
+    assert adoption_code(ARMS["fp16"], "cuda", "hf_trainer") == "args = TrainingArguments(..., fp16=True)"
+    assert adoption_code(ARMS["tf32"], "cuda", "hf_trainer") == "args = TrainingArguments(..., tf32=True)"
+    assert adoption_code(ARMS["bf16_pure"], "cuda", "lightning") == ""
 
 
 def test_dvc_exp_run_measures_the_lightning_job(tmp_path, tiny_params):

@@ -73,7 +73,7 @@ def test_the_check_catches_an_undeclared_read():
 def stage_reads(tmp_path_factory) -> dict[str, set[str]]:
     """Run prepare → train (fp32, fp16) → speed → evaluate in-process on tiny params; the keys each stage read."""
     import _common
-    from conftest import TINY
+    from conftest import TINY, torch_flags_restored
 
     tmp = tmp_path_factory.mktemp("reads")
     params = yaml.safe_load(yaml.safe_dump(TINY))
@@ -88,7 +88,8 @@ def stage_reads(tmp_path_factory) -> dict[str, set[str]]:
             "speed": [["--data", str(data), "--out", str(reports / "interleaved.json")]],
             "evaluate": [["--data", str(data), "--models", str(models), "--reports", str(reports)]]}
     reads: dict[str, set[str]] = {}
-    with pytest.MonkeyPatch.context() as mp:
+    # Training in this process sets torch's global flags (deterministic kernels): put them back for later files.
+    with pytest.MonkeyPatch.context() as mp, torch_flags_restored():
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp / 'mlflow.db'}")
         for stage, arg_lists in runs.items():
             reads[stage] = set()

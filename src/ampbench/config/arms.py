@@ -92,8 +92,32 @@ _PURE_OPTIMIZER = {
 }
 
 
-def adoption_code(arm: Arm, device_type: str = "cuda") -> str:
-    """The lines that switch a user's own float32 training step to ``arm`` (the tutorial's recipe)."""
+# The precision setting that means each main arm in a framework's trainer (frameworks/): what to adopt there.
+LIGHTNING_PRECISION = {"float16": "16-mixed", "bfloat16": "bf16-mixed"}
+
+
+def framework_adoption(arm: Arm, device_type: str, framework: str) -> str:
+    """The setting that switches a framework's trainer (train.framework) to ``arm``."""
+    if arm.ablation or arm.pure or arm.float8 or arm.optimizer != "torch":
+        return ""
+    if framework == "hf_trainer":
+        flag = "tf32" if arm.tf32 else {"float16": "fp16", "bfloat16": "bf16"}.get(arm.autocast or "")
+        return f"args = TrainingArguments(..., {flag}=True)" if flag else ""
+    if arm.tf32:
+        return 'torch.set_float32_matmul_precision("high")  # once, before training: TF32 matmuls'
+    if arm.autocast == "float16" and device_type == "cpu":  # the precision string would run bf16 on the CPU
+        return ("from lightning.pytorch.plugins.precision import MixedPrecision\n"
+                'trainer = L.Trainer(..., plugins=[MixedPrecision("16-mixed", "cpu", '
+                'scaler=torch.amp.GradScaler("cpu"))])')
+    precision = LIGHTNING_PRECISION.get(arm.autocast or "")
+    return f'trainer = L.Trainer(..., precision="{precision}")' if precision else ""
+
+
+def adoption_code(arm: Arm, device_type: str = "cuda", framework: str | None = None) -> str:
+    """The lines that switch a user's own float32 training step to ``arm`` (the tutorial's recipe), or a
+    framework's trainer (``framework``: train.framework, lightning or hf_trainer)."""
+    if framework in ("lightning", "hf_trainer"):
+        return framework_adoption(arm, device_type, framework)
     if arm.tf32:
         return ('torch.backends.cuda.matmul.fp32_precision = "tf32"  # once, before training\n'
                 'torch.backends.cudnn.conv.fp32_precision = "tf32"')

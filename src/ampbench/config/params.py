@@ -148,11 +148,12 @@ class TrainParams(_Section):
         "doubled per stage (null: 64); mlp: hidden units (null: 128); vit_tiny: embedding width (null: 64); gpt: "
         "embedding width (null: 128)",
         ge=1, le=4096)] = None
-    framework: Annotated[Literal["ampbench", "lightning"], knob(
+    framework: Annotated[Literal["ampbench", "lightning", "hf_trainer"], knob(
         "who trains: ampbench (the pipeline's loop, with the optimizer and schedule below) | lightning (your "
         "LightningModule, train.model = package.module:Class with train.model_args, through Lightning's Trainer "
-        "and its precision plugins on the data of your LightningDataModule, prepare.dataset; the optimizer, "
-        "schedule and batches are your module's and datamodule's; docs/your-framework.md)",
+        "and its precision plugins on the data of your LightningDataModule, prepare.dataset) | hf_trainer (your "
+        "function that builds a transformers.Trainer, as both train.model and prepare.dataset, run with the arm's "
+        "fp16/bf16/tf32 flags); the optimizer, schedule and batches are then your job's (docs/your-framework.md)",
         stages=("train",))] = "ampbench"
     optimizer: Annotated[Literal[OPTIMIZERS], knob("sgd | adam | adamw (bf16_sr: adamw only)")] = "adamw"
     lr: Annotated[float, knob("learning rate (the start of the cosine schedule)", gt=0, le=10)] = 0.003

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ampbench.config.user_code import first_line, import_callable
-from ampbench.data.datamodule import SPLITS, datamodule_splits, is_datamodule
+from ampbench.data.datamodule import SPLITS, datamodule_splits, is_datamodule, trainer_splits
 from ampbench.errors import DataError
 
 if TYPE_CHECKING:
@@ -42,7 +42,11 @@ def load_datamodule(dm: Any, name: str) -> Raw:
     trains on what the loaders give, so the evaluation must see the same values): a classifier's (inputs, class
     labels), or a language model's (token sequences, next tokens), each of one length (its vocabulary then at least
     the largest token + 1)."""
-    tensors = datamodule_splits(dm, f"prepare.dataset {name!r}")
+    return raw_of_splits(datamodule_splits(dm, f"prepare.dataset {name!r}"), name)
+
+
+def raw_of_splits(tensors: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str) -> Raw:
+    """A framework's splits as its loaders give them (a datamodule's, a Trainer's) as a ``Raw``."""
     x0, y0 = tensors["train"]
     if y0.ndim == 2 and not x0.is_floating_point() and x0.shape == y0.shape:  # (sequences, next tokens)
         vocab = int(max(max(x.max(), y.max()) for x, y in tensors.values())) + 1
@@ -261,6 +265,9 @@ def load_factory(p: PrepareParams) -> Raw:
                         f"{first_line(exc)})") from None
     if is_datamodule(out):
         return load_datamodule(out, p.dataset)
+    if type(out).__module__.startswith("transformers.") and callable(getattr(out, "get_eval_dataloader", None)):
+        # a transformers.Trainer (train.framework: hf_trainer)
+        return raw_of_splits(trainer_splits(out, f"prepare.dataset {p.dataset!r}"), p.dataset)
     parts = dict(out) if isinstance(out, Mapping) else {"all": out}
     unknown = sorted(set(parts) - set(SPLITS) - {"all"})
     if unknown or ("all" not in parts and "train" not in parts):

@@ -3,6 +3,8 @@ would run. Imported only when ``train.framework`` names one.
 
 - ``lightning``: a LightningModule under Lightning's Trainer and the precision plugin that means the arm; the
   speed stage's arm.
-- ``readback``: the Callback the pipeline adds: the epochs' records, what ran, and the refusal of an arm that ran
-  as something else.
+- ``hf``: a Hugging Face ``transformers.Trainer`` of the user's parts with the arm's own flags; the speed stage's
+  arm.
+- ``readback``: ``StepBook``, what the frameworks' callbacks feed: the epochs' records, what ran, and the refusal
+  of an arm that ran as something else.
 """

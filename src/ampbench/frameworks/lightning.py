@@ -25,8 +25,8 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
 
-from ampbench.config.params import GradScalerParams
-from ampbench.errors import AmpbenchError, ArmUnavailable
+from ampbench.config.params import GradScalerParams, Params
+from ampbench.errors import AmpbenchError, ArmUnavailable, DataError, ModelError, ParamsError
 from ampbench.frameworks.readback import StepBook, batch_size
 from ampbench.precision.policy import PrecisionPolicy
 
@@ -153,24 +153,103 @@ def fit(trainer_: L.Trainer, module: L.LightningModule, datamodule: Any, ckpt_pa
                 signal.signal(s, h)
 
 
-class LightningArm:
+NAME = "Lightning"
+
+
+def check_arm(policy: PrecisionPolicy, params: Params) -> None:
+    """ArmUnavailable (the arm is recorded as skipped, with why) when Lightning has no plugin for the arm."""
+    plugin(policy, params.train.grad_scaler)
+
+
+def precision_name(policy: PrecisionPolicy) -> str:
+    return plugin_name(plugin(policy, GradScalerParams()))
+
+
+def build(params: Params) -> tuple[L.LightningModule, Any]:
+    """``train.model(**train.model_args)``, a LightningModule, and ``prepare.dataset(**prepare.dataset_args)``, the
+    LightningDataModule prepare read the splits from (ModelError, DataError, ParamsError otherwise)."""
+    from ampbench.config.user_code import first_line, import_callable
+    from ampbench.data.datamodule import is_datamodule
+    from ampbench.models.factory import ModelSpec, build_for
+
+    module = build_for(ModelSpec.from_train(params.train), {})
+    if not isinstance(module, L.LightningModule):
+        raise ModelError(f"train.model {params.train.model!r} built a {type(module).__name__}, not a "
+                         "LightningModule (train.framework: lightning)")
+    p = params.prepare
+    try:
+        dm = import_callable(p.dataset, "prepare.dataset", DataError)(**p.dataset_args)
+    except DataError:
+        raise
+    except Exception as exc:
+        raise DataError(f"prepare.dataset {p.dataset!r}: calling it failed ({type(exc).__name__}: "
+                        f"{first_line(exc)})") from None
+    if not is_datamodule(dm):
+        raise ParamsError(f"train.framework: lightning trains on a LightningDataModule; prepare.dataset "
+                          f"{p.dataset!r} gives a {type(dm).__name__}")
+    return module, dm
+
+
+def test_split(dm: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The datamodule's test split as its loader gives it now."""
+    from ampbench.data.datamodule import loader_tensors
+
+    if callable(getattr(dm, "prepare_data", None)):
+        dm.prepare_data()
+    dm.setup("test")
+    return loader_tensors(dm.test_dataloader, "the datamodule's test_dataloader")
+
+
+def batches_per_pass(params: Params) -> int:
+    """Batches in one pass over the datamodule's training loader."""
+    dm = build(params)[1]
+    if callable(getattr(dm, "prepare_data", None)):
+        dm.prepare_data()
+    dm.setup("fit")
+    return len(dm.train_dataloader())
+
+
+class Run:
+    """One Trainer of an arm on the user's module and datamodule, read back into ``book``; ``on_epoch(record,
+    run)`` receives each epoch (``run.save`` writes Lightning's checkpoint of it)."""
+
+    def __init__(self, policy: PrecisionPolicy, params: Params, device: torch.device, epochs: int, book: StepBook,
+                 module: L.LightningModule, dm: Any, seed: int, on_epoch: Any = None, validate: Any = None,
+                 **limits: Any):
+        self.readback = ReadBack(book, seed, validate, on_epoch and (lambda record, _: on_epoch(record, self)))
+        self.trainer = trainer(policy, params.train.grad_scaler, device, epochs, params.train.deterministic,
+                               self.readback, **limits)
+        self.module, self.dm = module, dm
+        self.precision = precision_name(policy)
+
+    def fit(self, checkpoint: Path | None = None) -> None:
+        fit(self.trainer, self.module, self.dm, checkpoint)
+
+    def save(self, path: Path) -> None:
+        save(self.trainer, path)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        return self.trainer.optimizers[0] if self.trainer.optimizers else None
+
+
+class Arm:
     """One arm for the speed harness (``speed.harness.Runner``): each round a Trainer of ``steps`` steps over the
     datamodule's training loader, on the same module (what it learns carries over, as rounds of the pipeline's
     loop do), read back as training is. Lightning builds the optimizer again each round (its
     ``configure_optimizers``); a round's first window, which pays for that, is never counted."""
 
-    def __init__(self, arm: str, policy: PrecisionPolicy, module: L.LightningModule, datamodule: Any,
-                 scaler: GradScalerParams, device: torch.device, deterministic: bool, float32: list[str]):
-        self.arm, self.policy, self.module, self.datamodule = arm, policy, module, datamodule
-        self.scaler, self.device, self.deterministic, self.float32 = scaler, device, deterministic, float32
+    def __init__(self, arm: str, policy: PrecisionPolicy, params: Params, device: torch.device,
+                 module: L.LightningModule, dm: Any, float32: list[str]):
+        self.arm, self.policy, self.params, self.device, self.module, self.dm = arm, policy, params, device, module, dm
+        self.float32 = float32
 
     def round(self, steps: int, window: int) -> list[float]:
         """Samples/s of each window of ``window`` steps in ``steps`` steps."""
         self.policy.apply_backend_flags()
         book = StepBook(self.arm, self.policy, self.float32, every=10**9, window=window, warmup=0)
-        run = trainer(self.policy, self.scaler, self.device, -1, self.deterministic, ReadBack(book, 0),
-                      max_steps=steps, limit_val_batches=0, num_sanity_val_steps=0)
-        fit(run, self.module, self.datamodule)
+        Run(self.policy, self.params, self.device, -1, book, self.module, self.dm, 0, max_steps=steps,
+            limit_val_batches=0, num_sanity_val_steps=0).fit()
         return book.all_windows
 
 

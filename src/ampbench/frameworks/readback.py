@@ -33,12 +33,13 @@ MATMUL_NAMES = ("Conv1D",)  # Hugging Face's GPT-2 projections (an addmm on a we
 
 
 class ArmMismatch(AmpbenchError):
-    """The arm trained as something else than it asked: ``blame`` is the user's line that overrode it, or None when
-    the framework itself did (it ignores the flag on this device: the arm is then skipped, not refused)."""
+    """The arm trained as something else than it asked. ``framework_ignored``: the framework itself did not apply
+    the arm's setting (autocast off with none of the user's code on the stack: it ignores the flag on this device),
+    and the arm is skipped, not refused."""
 
-    def __init__(self, message: str, blame: str | None = None):
+    def __init__(self, message: str, arm: str = "", framework_ignored: bool = False):
         super().__init__(message)
-        self.blame = blame
+        self.arm, self.framework_ignored = arm, framework_ignored
 
 
 def expected_dtype(policy: PrecisionPolicy) -> torch.dtype:
@@ -46,11 +47,13 @@ def expected_dtype(policy: PrecisionPolicy) -> torch.dtype:
     return policy.autocast_dtype or policy.param_dtype
 
 
-def _user_line() -> str | None:
-    """``file:line`` of the innermost frame of the user's code on the current stack (None when there is none)."""
+def _user_line(code: tuple[Path, ...]) -> str | None:
+    """``file:line`` of the innermost frame on the current stack from the user's ``code`` (files or folders: the
+    params' model and data code), None when there is none."""
     frame = sys._getframe(1)
     while frame is not None:
-        if not _ours_or_installed(frame.f_code.co_filename):
+        path = Path(frame.f_code.co_filename).resolve()
+        if not _ours_or_installed(frame.f_code.co_filename) and any(path == c or path.is_relative_to(c) for c in code):
             path = Path(frame.f_code.co_filename)
             shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
             return f"{shown}:{frame.f_lineno}"
@@ -68,8 +71,9 @@ class StepBook:
     step's FLOPs by dtype (the preflight's dry step)."""
 
     def __init__(self, arm: str, policy: PrecisionPolicy, float32: list[str], every: int, window: int,
-                 warmup: int, count_flops: bool = False):
+                 warmup: int, count_flops: bool = False, user_code: tuple[Path, ...] = ()):
         self.arm, self.policy, self.float32 = arm, policy, tuple(float32)
+        self.user_code = tuple(Path(c).resolve() for c in user_code)  # where the model's code lies (its line)
         self.expect = expected_dtype(policy)
         self.every, self.window, self.warmup, self.count_flops = every, window, warmup, count_flops
         self.seen: dict[str, dict[str, str]] = {}  # module → what it computed in, on the last sampled step
@@ -100,15 +104,21 @@ class StepBook:
             self.seen[name] = {"output": _dtype(out.dtype), "autocast": _dtype(torch.get_autocast_dtype(device_type))
                                if on else "off", "weight": _dtype(getattr(m, "weight", out).dtype)}
             if (out.dtype == torch.float32) != (self.expect == torch.float32) and name not in self.where:
-                self.where[name] = _user_line()
+                self.where[name] = _user_line(self.user_code)
         return seen
 
     def check(self) -> None:
-        """ArmMismatch when the sampled step computed nothing in the arm's type (a 16-bit arm) or something in 16
-        bits (a float32 arm). Its ``blame`` is the user's line, or None when nothing of the user's code was on the
-        stack (the framework itself ran the arm as something else)."""
+        """ArmMismatch when a module's weights are not the arm's (16-bit weights under a mixed-precision or float32
+        arm), or when the sampled step computed nothing in the arm's type (a 16-bit arm) or something in 16 bits (a
+        float32 arm), naming the user's line on the stack when there was one."""
         if not self.seen:
             return
+        weights = _dtype(self.policy.param_dtype)
+        heavy = next(((n, s) for n, s in self.seen.items() if s["weight"] != weights), None)
+        if heavy is not None:  # never a framework's doing for these arms: the model was cast or loaded so
+            name, s = heavy
+            raise ArmMismatch(f"the {self.arm} arm trained with {s['weight']} weights: {name}'s weights are "
+                              f"{s['weight']}, not {weights} (your code casts or loads the model in it)", self.arm)
         if self.expect == torch.float32:
             odd = [(n, s) for n, s in self.seen.items() if s["output"] != "float32"]
         elif any(s["output"] == _dtype(self.expect) for s in self.seen.values()):
@@ -119,9 +129,7 @@ class StepBook:
             return
         name, s = odd[0]
         where = self.where.get(name)
-        if s["weight"] != "float32" and s["weight"] == s["output"]:
-            why = f"{name}'s weights are {s['weight']} (your code casts or loads the module in it)"
-        elif s["autocast"] == "off" and self.policy.autocast_dtype is not None:
+        if s["autocast"] == "off" and self.policy.autocast_dtype is not None:
             why = (f"autocast was off around {name} (your code turns it off or casts to float32)" if where else
                    f"autocast was off around {name}: the framework did not apply the arm's flag on "
                    f"{self.policy.device_type}")
@@ -129,8 +137,9 @@ class StepBook:
             why = f"autocast ({s['autocast']}) was on around {name}"
         else:
             why = f"{name} computed in {s['output']} with {s['weight']} weights and autocast {s['autocast']}"
+        ignored = where is None and s["autocast"] == "off" and self.policy.autocast_dtype is not None
         raise ArmMismatch(f"the {self.arm} arm trained in {s['output']}: {why}" + (f" ({where})" if where else ""),
-                          where)
+                          self.arm, ignored)
 
     def what_ran(self) -> dict[str, Any]:
         """The read-back, for the seed's record and its MLflow tags."""

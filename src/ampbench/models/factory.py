@@ -86,9 +86,11 @@ def build(spec: ModelSpec, input_shape: tuple[int, int, int], num_classes: int) 
     return build_for(spec, {"input_shape": tuple(input_shape), "num_classes": num_classes})
 
 
-def build_for(spec: ModelSpec, contract: dict[str, Any]) -> nn.Module:
+def build_for(spec: ModelSpec, contract: dict[str, Any], whole: bool = False) -> nn.Module:
     """The model ``spec`` names, for the task's ``contract`` (``Task.model_args``: the data's input shape and class
-    count, …): a built-in or torchvision builder gets it by name, a factory positionally, in this order."""
+    count, …): a built-in or torchvision builder gets it by name, a factory positionally, in this order. A factory
+    may return a Hugging Face Trainer (train.framework: hf_trainer): its model, or the Trainer itself with
+    ``whole``."""
     try:
         if spec.kind == "builtin" and spec.name == "gpt":
             return gpt.build(*contract.values(), spec.width, **spec.args)
@@ -103,6 +105,10 @@ def build_for(spec: ModelSpec, contract: dict[str, Any]) -> nn.Module:
         given = ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in contract.items())
         raise ModelError(f"train.model {spec.name!r} for {given}: building it failed ({type(exc).__name__}: "
                          f"{first_line(exc)})") from None
+    if whole:
+        return model
+    if not isinstance(model, nn.Module) and isinstance(getattr(model, "model", None), nn.Module):
+        model = model.model  # a transformers.Trainer's
     if not isinstance(model, nn.Module):
         raise ModelError(f"train.model {spec.name!r} returned a {type(model).__name__}, not a torch.nn.Module")
     return model

@@ -111,7 +111,8 @@ def recommendation(merged: dict[str, dict], context: RunContext) -> Recommendati
                                              -(merged[a]["samples_per_s"] or 0)))
         others = {a: "also qualifies; slower to fp32's quality" for a in qualified if a != best}
         return Recommendation(best, _switch_text(best, merged[best], context), {**reasons, **others}, "", notes,
-                              adoption_code(get_arm(best), "cuda" if context.device_type != "cpu" else "cpu"))
+                              adoption_code(get_arm(best), "cuda" if context.device_type != "cpu" else "cpu",
+                                            context.model.kind if context.model else None))
     return Recommendation(None, "**Recommendation: stay on fp32.** No arm is both not worse and faster", reasons,
                           _more(candidates, context), notes, "")
 

@@ -37,7 +37,9 @@ def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context:
     lines = ["# ampbench: mixed precision vs strict fp32", "", rec.headline, "",
              *sequential_lines(context), *first_table(arms, comparison, context, rec)]
     if rec.code:
-        lines += ["", "In your own training step:", "", "```python", rec.code, "```"]
+        framework = context.model is not None and context.model.kind in ("lightning", "hf_trainer")
+        lines += ["", "In your Trainer:" if framework else "In your own training step:", "", "```python", rec.code,
+                  "```"]
     lines += ["", "## Details", "", f"Model {model_line(context.model)}.", "", details.method(context), ""]
     lines += details.full_table(arms, comparison, context)
     lines += details.reasons(arms, context)

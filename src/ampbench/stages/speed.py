@@ -18,7 +18,7 @@ from ampbench.config.arms import BASELINE
 from ampbench.config.params import Params
 from ampbench.config.rules import speed_sizes
 from ampbench.data.splits import Split
-from ampbench.errors import ArmUnavailable, Diverged, ParamsError
+from ampbench.errors import AmpbenchError, ArmUnavailable, Diverged, ParamsError
 from ampbench.precision.policy import resolve_policy
 from ampbench.runtime.hardware import fingerprint
 from ampbench.speed.budget import Sizes
@@ -56,7 +56,7 @@ def measure_arms(params: Params, train: Split, val: Split, task: Task, device: t
                  contract: dict[str, Any], between_rounds: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Every arm of ``train.precisions`` through the harness, then each arm's peak memory alone: what
     reports/interleaved.json holds."""
-    if params.train.framework == "lightning":  # the framework's own Trainer steps each arm
+    if params.train.framework != "ampbench":  # the framework's own Trainer steps each arm
         from ampbench.stages import framework
 
         s = sizes(params, framework.batches_per_pass(params))
@@ -69,7 +69,7 @@ def measure_arms(params: Params, train: Split, val: Split, task: Task, device: t
     for arm in params.train.precisions:
         try:
             resolve_policy(arm, device, params.train.fp32_modules)
-            if params.train.framework == "lightning":
+            if params.train.framework != "ampbench":
                 framework.check_arm(resolve_policy(arm, device, params.train.fp32_modules), params)
             names.append(arm)
         except ArmUnavailable as exc:
@@ -84,6 +84,12 @@ def measure_arms(params: Params, train: Split, val: Split, task: Task, device: t
             if culprit is None or culprit == BASELINE:
                 raise
             skipped[culprit] = f"diverged while timed ({exc}); the train stage records how it trained"
+            names.remove(culprit)
+        except AmpbenchError as exc:  # a framework's run read back as another arm (frameworks/readback.py)
+            culprit = getattr(exc, "arm", None)
+            if culprit not in names or culprit == BASELINE or not getattr(exc, "framework_ignored", False):
+                raise
+            skipped[culprit] = str(exc)  # the framework ignores the arm's flag here; the train stage skips it too
             names.remove(culprit)
     arms.clear()  # throughput needed every arm alive; memory needs each one alone
     memory = isolated_memory(build, list(measured.rounds), device, 2 * s.window)

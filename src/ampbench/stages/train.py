@@ -52,19 +52,19 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
                      enabled=world.is_main, cell=cell)
     try:
         trainer = who_trains(params)
-        try:  # first: an arm this device (or the framework) cannot run pays for nothing else
+        try:  # first: an arm this device (or the framework) cannot run pays for nothing else; a framework that
+            # ignores the arm's setting on this device is read back in its preflight's one step
             policy = resolve_policy(arm, device, params.train.fp32_modules)
             trainer.check_arm(policy, params)
+            task = resolve_task(params.train.task, params.train.block_size)
+            data = task.view(load_prepared(data_dir))
+            check_steps(params, data, world)
+            pre = trainer.preflight(arm, policy, params, data, task, device)  # before anything is written
         except ArmUnavailable as exc:
             if cell is not None:  # a cluster cell placed on a node that cannot run the arm: refuse, never record
                 raise
             return _skipped(out, exc, device)
-        task = resolve_task(params.train.task, params.train.block_size)
-        data = task.view(load_prepared(data_dir))
-        check_steps(params, data, world)
-        pre = trainer.preflight(arm, policy, params, data, task, device)
-        plan = request_size(params)
-        if plan:
+        if plan := request_size(params):
             out.log(plan)
         out.open(params, execution_key(params, data_md5, code_version, tags))
         seeds = {}
@@ -108,7 +108,7 @@ class _PipelineLoop:
 def who_trains(params: Params):
     """train.framework's trainer, as an object with ``check_arm`` (ArmUnavailable for an arm it cannot run),
     ``preflight`` and ``train_seed``: the pipeline's loop, or a framework's (``framework.py``)."""
-    if params.train.framework == "lightning":
+    if params.train.framework != "ampbench":
         from ampbench.stages import framework
 
         return framework

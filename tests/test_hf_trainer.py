@@ -1,0 +1,137 @@
+"""Your Hugging Face Trainer job as it is: examples/hf_trainer_lm.py (a GPT-2-style causal LM from a config, digits
+as token sequences) trained by the Trainer under each arm's own flags, read back as it trains: on the CPU the
+Trainer's fp16=True trains in float32 (read back in one step, so the arm is skipped with why), bf16 is judged against
+fp32 on the loss per token; a model loaded in bfloat16 and a Trainer reporting to MLflow itself are refused in one
+line. Skipped where transformers or accelerate is missing, except in CI (AMPBENCH_REQUIRE_TRANSFORMERS=1)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import yaml
+
+if not os.environ.get("AMPBENCH_REQUIRE_TRANSFORMERS"):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+
+from ampbench.config.validation import validate  # noqa: E402
+from ampbench.data.prepare import prepare, save_prepared  # noqa: E402
+from ampbench.errors import ArmUnavailable, ModelError  # noqa: E402
+from ampbench.frameworks.readback import ArmMismatch  # noqa: E402
+from ampbench.precision.policy import resolve_policy  # noqa: E402
+from ampbench.stages.train import train_arm  # noqa: E402
+
+EXAMPLE = "examples.hf_trainer_lm"
+
+
+def hf_params(base: dict, **train) -> dict:
+    params = yaml.safe_load(yaml.safe_dump(base))
+    params["prepare"].update({"dataset": f"{EXAMPLE}:build", "dataset_code": "examples", "max_train": None})
+    params["train"].update({"framework": "hf_trainer", "task": "language_model", "model": f"{EXAMPLE}:build",
+                            "model_code": "examples", "model_args": {"n_embd": 32, "n_layer": 1}, "epochs": 1,
+                            **train})
+    params["mlflow"]["log_model"] = False
+    return params
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, tiny_params_module):
+    root = tmp_path_factory.mktemp("hf")
+    params = validate(hf_params(tiny_params_module, seeds=[0, 1], precisions=["fp32", "fp16", "bf16"]))
+    save_prepared(prepare(params.prepare, root / "raw"), root / "prepared")
+    return params, root
+
+
+def _arm(arm, params, root, name="run"):
+    return train_arm(arm, params, root / "prepared", root / name / arm, root, {},
+                     resume_dir=root / name / ".resume" / arm, code_version="test")
+
+
+def test_each_arm_is_the_trainers_own_flag():
+    from ampbench.frameworks.hf import flags, precision_name
+
+    cpu = torch.device("cpu")
+    assert flags(resolve_policy("fp16", cpu)) == {"fp16": True, "bf16": False, "tf32": None}
+    assert precision_name(resolve_policy("bf16", cpu)) == "bf16=True"
+    assert precision_name(resolve_policy("fp32", cpu)) == "fp16=False, bf16=False"
+    for arm in ("bf16_pure", "bf16_sr", "fp8_rowwise", "fp16_noscaler"):
+        with pytest.raises(ArmUnavailable):
+            flags(resolve_policy(arm, cpu))
+
+
+def test_the_prepared_data_is_the_trainers_own(prepared):
+    params, root = prepared
+    meta = json.loads((root / "prepared" / "meta.json").read_text())
+    # Fixed-length blocks of 64 tokens become (the first 63, the next 63); the eval set is val and test alike.
+    assert meta["kind"] == "inputs" and meta["input_shape"] == [63] and meta["vocab_size"] == 17
+    assert meta["sizes"] == {"train": 1400, "val": 397, "test": 397}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's case: the Trainer applies fp16=True on CUDA")
+def test_on_the_cpu_fp16_is_read_back_as_float32_and_skipped_bf16_is_judged(prepared, mlflow_store):
+    import mlflow
+
+    from ampbench.stages.evaluate import evaluate_arms
+
+    params, root = prepared
+    fp16 = _arm("fp16", params, root)
+    assert fp16["skipped"].startswith("the fp16 arm trained in float32: autocast was off around transformer.h.0")
+    assert "the framework did not apply the arm's flag on cpu" in fp16["skipped"] and "fp16=True" in fp16["skipped"]
+    for arm in ("fp32", "bf16"):
+        _arm(arm, params, root)
+    summary = json.loads((root / "run" / "bf16" / "summary.json").read_text())
+    assert summary["framework"]["precision"] == "bf16=True" and summary["framework"]["compute_dtypes"] == ["bfloat16"]
+    evaluate_arms(params, root / "prepared", root / "run", root / "reports", root, {})
+    report = (root / "reports" / "report.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ")}
+    assert "**skipped**" in rows["fp16"] and "Hugging Face Trainer, fp16=True" in rows["fp16"]
+    assert rows["bf16"].split("|")[2].strip() in ("**not worse**", "**inconclusive**", "**worse**")
+    assert "Hugging Face Trainer precision bf16=True: matmuls and convolutions computed in bfloat16" in report
+    run = mlflow.search_runs(search_all_experiments=True, filter_string="tags.precision = 'bf16'")
+    assert set(run["tags.framework.precision"]) == {"bf16=True"}
+
+
+def test_a_model_loaded_in_bfloat16_is_refused(prepared):
+    params, root = prepared
+    raw = params.to_dict()
+    raw["train"]["model"] = f"{EXAMPLE}:build_pinned"
+    with pytest.raises(ArmMismatch, match=r"^the fp32 arm trained with bfloat16 weights: .* are bfloat16, not "
+                                          r"float32 \(your code casts or loads the model in it\)$"):
+        _arm("fp32", validate(raw), root, "pinned")
+    assert not (root / "pinned" / "fp32" / "summary.json").exists()
+
+
+def test_a_trainer_reporting_to_mlflow_itself_is_refused(prepared, monkeypatch):
+    params, root = prepared
+    (root / "own_mlflow.py").write_text(
+        "from examples.hf_trainer_lm import build as base\n"
+        "def build(**kw):\n"
+        "    t = base(**kw)\n"
+        "    t.args.report_to = ['mlflow']\n"
+        "    return t\n")
+    monkeypatch.syspath_prepend(str(root))
+    raw = params.to_dict()
+    raw["train"]["model"] = "own_mlflow:build"
+    with pytest.raises(ModelError, match=r"report_to=\[..., 'mlflow'\]\) logs runs of its own beside the pipeline's"):
+        _arm("fp32", validate(raw), root, "own")
+
+
+def test_the_speed_stage_times_each_arm_through_the_trainer(prepared):
+    from ampbench.stages.speed import measure_arms
+    from ampbench.tasks.resolve import resolve_task
+
+    params, root = prepared
+    raw = params.to_dict()
+    raw["speed"].update({"rounds": 3, "steps": 8, "window": 3, "warmup_steps": 2, "seconds_per_arm": 4.0})
+    params = validate(raw)
+    task = resolve_task("language_model", None)
+    from ampbench.data.prepare import load_prepared
+
+    data = task.view(load_prepared(root / "prepared"))
+    result = measure_arms(params, data.train, data.val, task, torch.device("cpu"), {})
+    assert result["arms"]["bf16"]["speedup_vs_fp32"] > 0
+    if not torch.cuda.is_available():
+        assert result["skipped"]["fp16"].startswith("the fp16 arm trained in float32")
