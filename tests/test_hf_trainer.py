@@ -94,6 +94,41 @@ def test_on_the_cpu_fp16_is_read_back_as_float32_and_skipped_bf16_is_judged(prep
     assert set(run["tags.framework.precision"]) == {"bf16=True"}
 
 
+def test_an_interrupted_seed_resumes_from_the_trainers_checkpoint_exactly(prepared, monkeypatch, mlflow_store):
+    """Killed as its 2nd epoch is logged, the seed resumes from the Trainer's own checkpoint of epoch 1 (weights,
+    AdamW's moments, the schedule, the random states) and ends bitwise equal to the run that never stopped."""
+    from ampbench import tracking
+    from ampbench.config.layout import ArmFiles
+    from ampbench.training import checkpoint
+
+    params, root = prepared
+    raw = params.to_dict()
+    raw["train"].update({"epochs": 2, "seeds": [0]})
+    params = validate(raw)
+    whole = _arm("fp32", params, root, "whole")
+    real, calls = tracking.log_epoch, {"n": 0}
+
+    def flaky(row, steps):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("SIGTERM")
+        real(row, steps)
+
+    with monkeypatch.context() as m:
+        m.setattr(tracking, "log_epoch", flaky)
+        with pytest.raises(KeyboardInterrupt):
+            _arm("fp32", params, root, "cut")
+    kept = root / "cut" / ".resume" / "fp32"
+    assert checkpoint.load(kept / "seed0.pt")["framework_checkpoint"] == "seed0.epoch1.framework.ckpt"
+    assert (kept / "seed0.epoch1.framework.ckpt" / "trainer_state.json").exists()
+    resumed = _arm("fp32", params, root, "cut")
+    a = checkpoint.load(ArmFiles(root / "whole" / "fp32").checkpoint(0))["model"]
+    b = checkpoint.load(ArmFiles(root / "cut" / "fp32").checkpoint(0))["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["seeds"]["0"]["final"]["val_loss"] == whole["seeds"]["0"]["final"]["val_loss"]
+    assert not kept.exists()
+
+
 def test_a_model_loaded_in_bfloat16_is_refused(prepared):
     params, root = prepared
     raw = params.to_dict()

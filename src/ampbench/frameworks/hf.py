@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,8 @@ class ReadBack(TrainerCallback):
         self.book, self.validate, self.on_epoch = book, validate, on_epoch
         self.trainer: Trainer | None = None  # set once the Trainer is built (its accelerator's scaler)
         self._loss, self._n, self._hook = 0.0, 0, None
+        self.pending: Any = None  # the epoch's record, until the Trainer has written its checkpoint of the epoch
+        self.saved: Path | None = None  # that checkpoint
 
     def _scaler(self) -> Any:
         return getattr(self.trainer.accelerator, "scaler", None) if self.trainer is not None else None
@@ -135,11 +139,19 @@ class ReadBack(TrainerCallback):
 
     def on_epoch_end(self, args, state, control, model=None, optimizer=None, **kw):
         if self.on_epoch is None:
-            return
+            return None
         val = self.validate(model) if self.validate else (math.nan, math.nan)
         model.train()
         lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else math.nan
-        self.on_epoch(self.book.record(round(state.epoch), state.global_step, val, self._scaler(), lr), self)
+        self.pending = self.book.record(round(state.epoch), state.global_step, val, self._scaler(), lr)
+        control.should_save = True  # the Trainer writes its checkpoint of the epoch next, then calls on_save
+        return control
+
+    def on_save(self, args, state, control, **kw):
+        if self.pending is not None:  # the epoch's record goes out with the checkpoint that ends it
+            self.saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            record, self.pending = self.pending, None
+            self.on_epoch(record, self)
 
 
 def reseed(seed: int, epoch: int) -> None:
@@ -154,15 +166,18 @@ class Run:
 
     def __init__(self, policy: PrecisionPolicy, params: Params, device: torch.device, epochs: int, book: StepBook,
                  module: torch.nn.Module, t: Trainer, seed: int, on_epoch: Any = None, validate: Any = None,
-                 max_steps: int = -1):
+                 output_dir: Path | None = None, max_steps: int = -1):
         logging.getLogger("transformers.trainer").setLevel(logging.WARNING)
-        self.scratch = tempfile.TemporaryDirectory(prefix="ampbench-hf-")  # the Trainer's output_dir: nothing saved
+        # The Trainer's output_dir: where it writes its checkpoint of each epoch before ``save`` moves it (a scratch
+        # folder for runs that keep none)
+        self.output_dir = Path(output_dir or tempfile.mkdtemp(prefix="ampbench-hf-"))
         args = dataclasses.replace(
-            t.args, output_dir=self.scratch.name, num_train_epochs=epochs, max_steps=max_steps, seed=seed,
+            t.args, output_dir=str(self.output_dir), num_train_epochs=epochs, max_steps=max_steps, seed=seed,
             data_seed=seed, report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=device.type == "cpu",
             **{k: v for k, v in flags(policy).items() if v is not None})
         mine = [c for c in t.callback_handler.callbacks if not type(c).__module__.startswith(OWN_CALLBACK_MODULES)]
         self.readback = ReadBack(book, validate, on_epoch and (lambda record, _: on_epoch(record, self)))
+        self.on_epoch = on_epoch
         self.trainer = Trainer(
             model=module, args=args, data_collator=t.data_collator, train_dataset=t.train_dataset,
             eval_dataset=t.eval_dataset, processing_class=t.processing_class, compute_metrics=t.compute_metrics,
@@ -172,11 +187,17 @@ class Run:
         self.precision = precision_name(policy)
 
     def fit(self, checkpoint: Path | None = None) -> None:
-        """Train; no checkpoint of the Trainer's own is kept (an interrupted seed starts over)."""
+        """Train, from the Trainer's own ``checkpoint`` of an epoch when given (its weights, optimizer, schedule,
+        scaler, random states and progress)."""
         try:
-            self.trainer.train()
+            self.trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         finally:
-            self.scratch.cleanup()
+            shutil.rmtree(self.output_dir, ignore_errors=True)
+
+    def save(self, path: Path) -> None:
+        """The checkpoint the Trainer just wrote of the epoch, moved to ``path`` (a folder)."""
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(self.readback.saved, path)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:

@@ -215,7 +215,7 @@ class Run:
 
     def __init__(self, policy: PrecisionPolicy, params: Params, device: torch.device, epochs: int, book: StepBook,
                  module: L.LightningModule, dm: Any, seed: int, on_epoch: Any = None, validate: Any = None,
-                 **limits: Any):
+                 output_dir: Path | None = None, **limits: Any):
         self.readback = ReadBack(book, seed, validate, on_epoch and (lambda record, _: on_epoch(record, self)))
         self.trainer = trainer(policy, params.train.grad_scaler, device, epochs, params.train.deterministic,
                                self.readback, **limits)

@@ -5,18 +5,19 @@ execution's parent, its epochs' metrics, the final checkpoint the evaluate stage
 each epoch. What differs is who trains: the user's code under the framework's own precision setting for the arm,
 read back as it trains. Each framework is a module of ``frameworks/`` with one shape (``adapter``): ``NAME``,
 ``check_arm``, ``precision_name``, ``build`` (the seed's model and where its data comes from), ``test_split``,
-``reseed``, ``Run`` (one Trainer: ``fit``, ``optimizer``; Lightning's also ``save``) and ``Arm`` (the speed stage's).
+``reseed``, ``Run`` (one Trainer: ``fit``, ``save``, ``optimizer``) and ``Arm`` (the speed stage's).
 
 - ``preflight``: one real step of the framework under the arm, read back, with FLOPs by dtype: an arm that would
   train as something else stops here, before anything is written (refused, naming the user's line; skipped, with
   why, when the framework itself ignores the arm's flag on this device). Then the model checked as a built-in model
   is (a dry forward and backward, the evaluation's probe: its forward must give the logits) and
   ``train.fp32_modules`` matched.
-- ``train_seed``: one seed (Lightning: resumed from its last finished epoch when a checkpoint is there).
+- ``train_seed``: one seed, resumed from its last finished epoch when the framework's checkpoint of it is there.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +139,8 @@ def _check_test_split(source: Any, params: Params, data: Prepared, seed: int) ->
 def _remove_checkpoints(job: SeedJob, but: Path | None = None) -> None:
     """The seed's framework checkpoints that its resume file no longer names."""
     for path in job.resume_path.parent.glob(CHECKPOINT_FILE.format(seed=job.seed, epoch="*")):
-        if path != but:
-            path.unlink(missing_ok=True)
+        if path != but:  # a file (Lightning's) or a folder (the Hugging Face Trainer's)
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def _start(job: SeedJob, out: ArmOutputs) -> tuple[resume.SeedProgress, Path | None]:
@@ -148,7 +149,7 @@ def _start(job: SeedJob, out: ArmOutputs) -> tuple[resume.SeedProgress, Path | N
     fw = adapter(job.params)
     prior = resume.load(job.resume_path, job.arm, job.key)
     saved = job.resume_path.parent / prior[0].get("framework_checkpoint", "-") if prior is not None else None
-    if saved is not None and saved.is_file():
+    if saved is not None and saved.exists():
         out.log(f"seed {job.seed}: resuming after epoch {len(prior[1].records)} of {job.params.train.epochs}")
         return prior[1], saved
     out.log(f"seed {job.seed}: {describe_line(job.policy.describe())}, {fw.NAME} {fw.precision_name(job.policy)}")
@@ -173,18 +174,16 @@ def train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs,
 
     def on_epoch(record: EpochRecord, run: Any) -> None:
         progress.records.append(record)
-        kept = {}
-        if hasattr(run, "save"):  # first the framework's state, then the progress that names it
-            path = job.resume_path.with_name(CHECKPOINT_FILE.format(seed=job.seed, epoch=record.epoch))
-            run.save(path)
-            kept = {"framework_checkpoint": path.name}
-        out.epoch(job, kept, progress)
-        _remove_checkpoints(job, but=job.resume_path.parent / kept.get("framework_checkpoint", "-"))
+        path = job.resume_path.with_name(CHECKPOINT_FILE.format(seed=job.seed, epoch=record.epoch))
+        run.save(path)  # first the framework's state, then the progress that names it
+        out.epoch(job, {"framework_checkpoint": path.name}, progress)
+        _remove_checkpoints(job, but=path)
         out.log(epoch_line(f"seed {job.seed}", record, tp.epochs, tp.epochs - record.epoch + later_seeds * tp.epochs))
 
     job.policy.apply_backend_flags()
     book = _book(job.arm, job.policy, float32, job.params)
     run = fw.Run(job.policy, job.params, job.device, tp.epochs, book, module, source, job.seed, on_epoch=on_epoch,
+                 output_dir=job.resume_path.with_name(f"seed{job.seed}.trainer"),
                  validate=lambda m: job.task.validate(m, job.data.val, job.policy, job.params.evaluate.batch_size))
     with out.open_run(job, progress.run_id) as run_id:
         progress.run_id = run_id
