@@ -53,9 +53,9 @@ TINY = _merged(Params().to_dict(), _TINY_OVERRIDES)  # the schema's defaults, no
 
 # The longest test files first: `make test` runs files on two workers (pytest-xdist, --dist loadfile, in this
 # order), and a long file started last would run alone at the end.
-LONGEST_FIRST = ("test_default_path.py", "test_e2e.py", "test_faults.py", "test_decide.py",
-                 "test_reliability.py", "test_exit_window.py", "test_team_server.py", "test_bench.py",
-                 "test_language_model.py", "test_cli.py")
+LONGEST_FIRST = ("test_default_path.py", "test_e2e.py", "test_faults.py", "test_lightning.py", "test_decide.py",
+                 "test_reliability.py", "test_exit_window.py", "test_team_server.py", "test_hf_trainer.py",
+                 "test_bench.py", "test_language_model.py", "test_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):
