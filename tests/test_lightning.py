@@ -180,6 +180,11 @@ def test_bad_lightning_code_is_one_line_and_writes_nothing(setup, monkeypatch, m
     with pytest.raises(error, match=match):
         _arm(arm, validate(raw), data_dir, root, "bad")
     assert not (root / "bad" / arm / "summary.json").exists()
+    # The refused step left nothing behind: the preflight's FLOP counter (a dispatch mode) once stayed pushed, and
+    # every later torch call of the process ran under it (torch.compile refused, a worker crashed).
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    assert _get_current_dispatch_mode() is None
 
 
 def test_a_test_split_that_moves_with_the_seed_is_refused(setup, monkeypatch):

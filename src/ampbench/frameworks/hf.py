@@ -192,6 +192,7 @@ class Run:
         try:
             self.trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         finally:
+            self.readback.book.close()
             shutil.rmtree(self.output_dir, ignore_errors=True)
 
     def save(self, path: Path) -> None:

@@ -148,6 +148,8 @@ def fit(trainer_: L.Trainer, module: L.LightningModule, datamodule: Any, ckpt_pa
     except MisconfigurationException as exc:
         raise ModelError(f"Lightning refused train.model {type(module).__name__}: {first_line(exc)}") from None
     finally:
+        if readback is not None:
+            readback.book.close()
         for s, h in handlers.items():
             if h is not None:
                 signal.signal(s, h)

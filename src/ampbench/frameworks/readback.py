@@ -169,6 +169,17 @@ class StepBook:
         if self.count_flops and self.batches == 0:
             self._counter = DtypeFlopCounter().__enter__()
 
+    def close(self) -> None:
+        """Whatever a step left in place when it ended by an exception (the user's code refused, an interruption):
+        the FLOP counter's dispatch mode, which would stay pushed for every later torch call of the process, and
+        the sampled step's hooks. Each framework's run calls it as it ends, however it ends."""
+        if self._counter is not None:
+            self._counter.__exit__(None, None, None)
+            self._counter = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
     def grads(self, module: nn.Module) -> None:
         """Before the optimizer steps: the gradients' dtypes, on a sampled step."""
         if self.sampled:
