@@ -240,6 +240,25 @@ def tiny_params_module() -> dict:
     return yaml.safe_load(yaml.safe_dump(TINY))
 
 
+def interrupted_at_epoch_log(monkeypatch, n: int, train) -> None:
+    """Run ``train()`` with the ``n``-th epoch's MLflow log raising KeyboardInterrupt (as the SIGTERM handler does
+    wherever the signal lands), and expect it to propagate."""
+    from ampbench import tracking
+
+    real, calls = tracking.log_epoch, {"n": 0}
+
+    def flaky(row, steps):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt("SIGTERM")
+        real(row, steps)
+
+    with monkeypatch.context() as m:  # undoes only this patch, not a fixture's MLFLOW_TRACKING_URI
+        m.setattr(tracking, "log_epoch", flaky)
+        with pytest.raises(KeyboardInterrupt):
+            train()
+
+
 def stage_command(name: str, params: Path, *args: str) -> list[str]:
     """The command line of stage ``name`` (pipeline/<name>.py) with ``params`` and further options."""
     return [sys.executable, str(ROOT / "pipeline" / f"{name}.py"), "--params", str(params), *args]

@@ -23,6 +23,7 @@ from ampbench.errors import ArmUnavailable, ModelError  # noqa: E402
 from ampbench.frameworks.readback import ArmMismatch  # noqa: E402
 from ampbench.precision.policy import resolve_policy  # noqa: E402
 from ampbench.stages.train import train_arm  # noqa: E402
+from conftest import interrupted_at_epoch_log  # noqa: E402
 
 EXAMPLE = "examples.hf_trainer_lm"
 
@@ -97,7 +98,6 @@ def test_on_the_cpu_fp16_is_read_back_as_float32_and_skipped_bf16_is_judged(prep
 def test_an_interrupted_seed_resumes_from_the_trainers_checkpoint_exactly(prepared, monkeypatch, mlflow_store):
     """Killed as its 2nd epoch is logged, the seed resumes from the Trainer's own checkpoint of epoch 1 (weights,
     AdamW's moments, the schedule, the random states) and ends bitwise equal to the run that never stopped."""
-    from ampbench import tracking
     from ampbench.config.layout import ArmFiles
     from ampbench.training import checkpoint
 
@@ -106,18 +106,7 @@ def test_an_interrupted_seed_resumes_from_the_trainers_checkpoint_exactly(prepar
     raw["train"].update({"epochs": 2, "seeds": [0]})
     params = validate(raw)
     whole = _arm("fp32", params, root, "whole")
-    real, calls = tracking.log_epoch, {"n": 0}
-
-    def flaky(row, steps):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt("SIGTERM")
-        real(row, steps)
-
-    with monkeypatch.context() as m:
-        m.setattr(tracking, "log_epoch", flaky)
-        with pytest.raises(KeyboardInterrupt):
-            _arm("fp32", params, root, "cut")
+    interrupted_at_epoch_log(monkeypatch, 2, lambda: _arm("fp32", params, root, "cut"))
     kept = root / "cut" / ".resume" / "fp32"
     assert checkpoint.load(kept / "seed0.pt")["framework_checkpoint"] == "seed0.epoch1.framework.ckpt"
     assert (kept / "seed0.epoch1.framework.ckpt" / "trainer_state.json").exists()

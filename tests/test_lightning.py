@@ -19,7 +19,6 @@ import yaml
 if not os.environ.get("AMPBENCH_REQUIRE_LIGHTNING"):
     pytest.importorskip("lightning")
 
-from ampbench import tracking  # noqa: E402
 from ampbench.config.layout import ArmFiles  # noqa: E402
 from ampbench.config.validation import validate  # noqa: E402
 from ampbench.data.prepare import prepare, save_prepared  # noqa: E402
@@ -27,7 +26,7 @@ from ampbench.errors import AmpbenchError, ArmUnavailable, DataError, ModelError
 from ampbench.precision.policy import resolve_policy  # noqa: E402
 from ampbench.stages.train import train_arm  # noqa: E402
 from ampbench.training import checkpoint  # noqa: E402
-from conftest import ARM_RUNS, ROOT, make_project_repo, run_ok  # noqa: E402
+from conftest import ARM_RUNS, ROOT, interrupted_at_epoch_log, make_project_repo, run_ok  # noqa: E402
 
 EXAMPLE = "examples.lightning_classifier"
 
@@ -92,18 +91,7 @@ def test_an_interrupted_lightning_seed_resumes_exactly(setup, monkeypatch):
     moments, the loss scale, the schedule) and ends bitwise equal to the run that never stopped."""
     params, data_dir, root = setup
     whole = _arm("fp16", params, data_dir, root, "whole")
-    real, calls = tracking.log_epoch, {"n": 0}
-
-    def flaky(row, steps):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt("SIGTERM")
-        real(row, steps)
-
-    with monkeypatch.context() as m:
-        m.setattr(tracking, "log_epoch", flaky)
-        with pytest.raises(KeyboardInterrupt):
-            _arm("fp16", params, data_dir, root, "cut")
+    interrupted_at_epoch_log(monkeypatch, 3, lambda: _arm("fp16", params, data_dir, root, "cut"))
     kept = root / "cut" / ".resume" / "fp16"
     # The resume file names the Lightning checkpoint of its own last epoch (the 3rd epoch's, written before the
     # interruption, is not the one it goes with).

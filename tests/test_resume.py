@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from ampbench import tracking
 from ampbench.config.layout import ArmFiles
 from ampbench.config.validation import validate
 from ampbench.data.prepare import prepare, save_prepared
 from ampbench.errors import ResumeRefused
 from ampbench.stages.train import train_arm
 from ampbench.training import checkpoint
+from conftest import interrupted_at_epoch_log
 
 
 @pytest.fixture
@@ -40,18 +40,7 @@ def _arm(arm, params, data_dir, root, name):
 
 def _interrupted(monkeypatch, n, *args):
     """Run _arm(*args) with the n-th epoch log raising KeyboardInterrupt (as our SIGTERM handler does)."""
-    real, calls = tracking.log_epoch, {"n": 0}
-
-    def flaky(row, steps):
-        calls["n"] += 1
-        if calls["n"] == n:
-            raise KeyboardInterrupt("SIGTERM")
-        real(row, steps)
-
-    with monkeypatch.context() as m:  # undoes only this patch, not the fixture's MLFLOW_TRACKING_URI
-        m.setattr(tracking, "log_epoch", flaky)
-        with pytest.raises(KeyboardInterrupt):
-            _arm(*args)
+    interrupted_at_epoch_log(monkeypatch, n, lambda: _arm(*args))
 
 
 # bf16_sr: torchao's optimizer keeps its lr as a tensor and draws its rounding from the RNG, and must come back
