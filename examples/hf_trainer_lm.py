@@ -16,6 +16,9 @@ bfloat16, so the fp32 arm would train in bfloat16; the train stage refuses it.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import torch
 from sklearn.datasets import load_digits
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -40,7 +43,9 @@ def build(n_embd: int = 64, n_layer: int = 2, n_head: int = 4, epochs: int = 3, 
     train, test = DigitSequences(tokens[order[:1400]]), DigitSequences(tokens[order[1400:]])
     model = GPT2LMHeadModel(GPT2Config(vocab_size=17, n_positions=64, n_embd=n_embd, n_layer=n_layer,
                                        n_head=n_head))
-    args = TrainingArguments(output_dir="hf-out", per_device_train_batch_size=64, per_device_eval_batch_size=128,
+    # The Trainer makes its output_dir when it is built; the pipeline gives each of its runs one of its own.
+    out = os.path.join(tempfile.gettempdir(), "hf-trainer-lm")
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=64, per_device_eval_batch_size=128,
                              num_train_epochs=epochs, learning_rate=lr, lr_scheduler_type="cosine",
                              report_to="none", logging_strategy="epoch", save_strategy="no")
     return Trainer(model=model, args=args, train_dataset=train, eval_dataset=test)
