@@ -63,6 +63,16 @@ def test_each_arm_is_the_trainers_own_flag():
             flags(resolve_policy(arm, cpu))
 
 
+def test_a_trainer_of_the_users_own_class_is_recognised():
+    from transformers import Trainer
+
+    from ampbench.data.datamodule import is_hf_trainer
+
+    mine = type("MyTrainer", (Trainer,), {"__module__": "my_project.training"})
+    assert is_hf_trainer(object.__new__(mine)) and is_hf_trainer(object.__new__(Trainer))
+    assert not is_hf_trainer(object())
+
+
 def test_the_prepared_data_is_the_trainers_own(prepared):
     params, root = prepared
     meta = json.loads((root / "prepared" / "meta.json").read_text())

@@ -20,6 +20,11 @@ def is_datamodule(obj: Any) -> bool:
     return all(callable(getattr(obj, a, None)) for a in ("setup", "train_dataloader", "test_dataloader"))
 
 
+def is_hf_trainer(obj: Any) -> bool:
+    """A ``transformers.Trainer`` or a subclass of it (a user's own Trainer class), without importing transformers."""
+    return any(c.__name__ == "Trainer" and c.__module__.startswith("transformers.") for c in type(obj).__mro__)
+
+
 def datamodule_splits(dm: Any, where: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """A datamodule's train, val and test splits as the batches its loaders give, stacked: what the module sees.
     Called as a Trainer would (``prepare_data``, then ``setup`` for fitting and for testing)."""

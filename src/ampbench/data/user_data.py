@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ampbench.config.user_code import first_line, import_callable
-from ampbench.data.datamodule import SPLITS, datamodule_splits, is_datamodule, trainer_splits
+from ampbench.data.datamodule import SPLITS, datamodule_splits, is_datamodule, is_hf_trainer, trainer_splits
 from ampbench.errors import DataError
 
 if TYPE_CHECKING:
@@ -265,8 +265,7 @@ def load_factory(p: PrepareParams) -> Raw:
                         f"{first_line(exc)})") from None
     if is_datamodule(out):
         return load_datamodule(out, p.dataset)
-    if type(out).__module__.startswith("transformers.") and callable(getattr(out, "get_eval_dataloader", None)):
-        # a transformers.Trainer (train.framework: hf_trainer)
+    if is_hf_trainer(out):  # train.framework: hf_trainer
         return raw_of_splits(trainer_splits(out, f"prepare.dataset {p.dataset!r}"), p.dataset)
     parts = dict(out) if isinstance(out, Mapping) else {"all": out}
     unknown = sorted(set(parts) - set(SPLITS) - {"all"})
