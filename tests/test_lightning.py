@@ -188,6 +188,52 @@ def test_a_test_split_that_moves_with_the_seed_is_refused(setup, monkeypatch):
         _arm("fp32", params, data_dir, root, "moving")
 
 
+OVERFLOWING = '''
+import torch
+from torch import nn
+
+from examples.lightning_classifier import DigitsClassifier
+from examples.overflow_model import Gain
+
+
+class Overflowing(DigitsClassifier):
+    """examples/overflow_model.py's planted float16 overflow as a Lightning module: a gain of 10^5 before a
+    LayerNorm."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.GELU(), Gain(1e5), nn.LayerNorm(32),
+                                 nn.GELU(), nn.Linear(32, 10))
+'''
+
+
+def test_an_overflowing_lightning_module_diverges_naming_its_module(setup, monkeypatch):
+    """The numerics a built-in task gets, where Lightning's hooks reach: every fp16 step overflows in the planted
+    gain, Lightning's GradScaler skips them all, the divergence guard stops the seed and names the module (its
+    float32 fix with it); bf16 trains, with its module output ranges recorded."""
+    import mlflow
+
+    params, data_dir, root = setup
+    (root / "overflowing.py").write_text(OVERFLOWING)
+    monkeypatch.syspath_prepend(str(root))
+    raw = params.to_dict()
+    raw["train"].update({"model": "overflowing:Overflowing", "model_code": str(root / "overflowing.py"),
+                         "model_args": {}, "epochs": 1, "divergence": {"max_consecutive_skips": 10}})
+    params = validate(raw)
+    fp16 = _arm("fp16", params, data_dir, root, "run")["seeds"]["0"]
+    assert fp16["diverged"].startswith("fp16: step 11: 10 optimizer steps in a row skipped"), fp16["diverged"]
+    assert fp16["first_nonfinite"]["module"] == "net.3" and fp16["first_nonfinite"]["phase"] == "forward"
+    assert re.search(r"; first non-finite output in module 'net\.3' \(Gain\) at step \d+, loss scale \d+$",
+                     fp16["diverged"]), fp16["diverged"]
+    assert "net.3" in fp16["fix"]
+    run = mlflow.get_run(fp16["run_id"])
+    assert run.info.status == "FAILED"
+    bf16 = _arm("bf16", params, data_dir, root, "run")["seeds"]["0"]
+    assert bf16["diverged"] is None and bf16["first_nonfinite"] is None
+    ranges = {row["module"]: row for row in bf16["activations"]}
+    assert ranges["net.3"]["max_abs"] > 1e4 and ranges["net.3"]["nonfinite"] == 0
+
+
 def test_a_lightning_language_model_is_judged_on_its_loss_per_token(tmp_path, tiny_params, mlflow_store):
     """examples/lightning_lm.py: a datamodule of token sequences and a causal transformer; trained through Lightning
     and evaluated by the language-model task, sequence by sequence."""

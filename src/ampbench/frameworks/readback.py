@@ -5,6 +5,11 @@ callbacks call it: ``lightning.py``, ``hf.py``).
   the prepared val split (the same numbers a built-in task records), throughput windows, loss scale, skipped steps.
 - On sampled steps (``train.telemetry_every``), what every matmul and convolution module computed in (its output's
   dtype, the autocast state around it, its weights' dtype) and the gradients' dtypes.
+- The numerics a built-in task records, where a framework's callbacks reach: every module's output range on sampled
+  steps (``ActivationProbe``), the first non-finite module from those steps, with extra steps hooked while skips go
+  uncaught (``NonFiniteFinder``), and the divergence guard (``ScalerHealth``: a collapsing loss scale, a run of
+  skipped steps, or a non-finite loss without a scaler stops the seed, recorded as diverged). Gradient ranges are
+  not read: the framework decides where in its step gradients are unscaled.
 - A refusal (``ArmMismatch``, one line naming the user's file and line) when the arm asked for 16-bit compute and
   none ran, or for float32 and 16 bits ran: a framework or a model overriding the flag silently.
 """
@@ -21,11 +26,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from ampbench.config.params import DivergenceParams
 from ampbench.config.user_code import _ours_or_installed
-from ampbench.errors import AmpbenchError
+from ampbench.errors import AmpbenchError, Diverged
 from ampbench.precision.policy import PrecisionPolicy
 from ampbench.runtime import signals
+from ampbench.tasks.classification import CLASSIFICATION
+from ampbench.tasks.contract import Task
+from ampbench.training.activations import ActivationProbe
 from ampbench.training.flops import DtypeFlopCounter, flop_summary
+from ampbench.training.instruments import ScalerHealth
+from ampbench.training.nonfinite import NonFiniteFinder
 from ampbench.training.state import EpochRecord
 
 MATMUL = (nn.Linear, nn.modules.conv._ConvNd)  # what autocast runs in 16 bits: the compute the arm is about
@@ -68,10 +79,12 @@ def _dtype(d: torch.dtype | None) -> str:
 class StepBook:
     """The read-back of one Trainer's run (see the module docstring), fed by a framework's callback: ``epoch_start``,
     ``step_start`` / ``grads`` / ``step_end`` per step, ``record`` per epoch. ``count_flops``: count the first
-    step's FLOPs by dtype (the preflight's dry step)."""
+    step's FLOPs by dtype (the preflight's dry step). ``divergence``: the guard's limits (train.divergence);
+    ``task``: whose loss a non-finite loss with finite outputs is named after."""
 
     def __init__(self, arm: str, policy: PrecisionPolicy, float32: list[str], every: int, window: int,
-                 warmup: int, count_flops: bool = False, user_code: tuple[Path, ...] = ()):
+                 warmup: int, count_flops: bool = False, user_code: tuple[Path, ...] = (),
+                 divergence: DivergenceParams | None = None, task: Task = CLASSIFICATION):
         self.arm, self.policy, self.float32 = arm, policy, tuple(float32)
         self.user_code = tuple(Path(c).resolve() for c in user_code)  # where the model's code lies (its line)
         self.expect = expected_dtype(policy)
@@ -82,10 +95,17 @@ class StepBook:
         self.flops: dict[str, Any] | None = None
         self._hooks: list[Any] = []
         self._counter: DtypeFlopCounter | None = None
-        self._scale: torch.Tensor | None = None
         self.batches = 0  # training batches run by this Trainer
         self.all_windows: list[float] = []  # every timing window of the run, across epochs (the speed harness's)
-        self.sampled = False
+        self.sampled = self.hooked = False  # this step: sampled; its module outputs hooked (sampled, or a hunt)
+        self.divergence, self.task = divergence or DivergenceParams(), task
+        self.finder = NonFiniteFinder(every)
+        # Made at the first step, from the framework's model and scaler (``_numerics``):
+        self.model: nn.Module | None = None
+        self.health: ScalerHealth | None = None
+        self.probe: ActivationProbe | None = None
+        self._open: list[Any] = []  # the step's scale watch and output hooks, closed as it ends
+        self.scale = 1.0  # the loss scale a hooked step ran with
 
     # -- what ran -------------------------------------------------------------------------------------------------
     def _watch(self, module: nn.Module) -> None:
@@ -152,22 +172,49 @@ class StepBook:
     def epoch_start(self, device: torch.device, global_step: int) -> None:
         self.device = device
         self.loss_sum, self.samples = torch.zeros((), device=device), 0
-        self.skipped = torch.zeros((), device=device, dtype=torch.int64)
+        if self.health is not None:
+            self.health.new_epoch()
         self.first_step, self.windows, self.steps = global_step, [], []
         self.t0 = self.t_last = self.t_window = time.perf_counter()
         self.in_window = 0
 
+    def _numerics(self, module: nn.Module, scaler: Any) -> None:
+        """At the first step: the guard on the framework's scaler (a disabled one for arms without), the probe on
+        its model."""
+        self.model = module
+        scaler = scaler if scaler is not None else torch.amp.GradScaler(self.device.type, enabled=False)
+        self.health = ScalerHealth(self.arm, scaler, self.divergence, self.device)
+        self.probe = ActivationProbe(module, self.device)
+
     def step_start(self, module: nn.Module, scaler: Any) -> None:
-        """Before a step's forward: hooks on a sampled step, the loss scale, the FLOP counter on the first."""
+        """Before a step's forward: hooks on a sampled step (or while hunting an uncaught skip), the loss scale's
+        watch, the FLOP counter on the first."""
         signals.checkpoint()  # a signal a finalizer swallowed stops training here
+        if self.health is None:
+            self._numerics(module, scaler)
         self.sampled = self.batches % self.every == 0
+        self.hooked = self.sampled or self.finder.hunting
         if self.sampled:
             self.seen = {}
             self._watch(module)
-        self._scale = scaler._scale.clone() if scaler is not None and getattr(scaler, "_scale", None) is not None \
-            else None
+        self.scale = self.health.loss_scale if self.hooked else 1.0
+        self._enter(self.health.watch())
+        if self.hooked:
+            self._enter(self.probe.attached(backward=False))
         if self.count_flops and self.batches == 0:
             self._counter = DtypeFlopCounter().__enter__()
+
+    def _enter(self, context: Any) -> None:
+        context.__enter__()
+        self._open.append(context)
+
+    def _end_step(self) -> None:
+        """The step's scale watch (it counts a skip) and output hooks, closed; the sampled step's dtype hooks off."""
+        while self._open:
+            self._open.pop().__exit__(None, None, None)
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
 
     def close(self) -> None:
         """Whatever a step left in place when it ended by an exception (the user's code refused, an interruption):
@@ -176,9 +223,7 @@ class StepBook:
         if self._counter is not None:
             self._counter.__exit__(None, None, None)
             self._counter = None
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self._end_step()
 
     def grads(self, module: nn.Module) -> None:
         """Before the optimizer steps: the gradients' dtypes, on a sampled step."""
@@ -186,23 +231,29 @@ class StepBook:
             self.grad_dtypes = {_dtype(p.grad.dtype) for p in module.parameters() if p.grad is not None}
 
     def step_end(self, loss: torch.Tensor | None, n: int, scaler: Any, global_step: int) -> None:
-        """After the optimizer step: ``loss`` (the step's, None when unseen) over ``n`` examples."""
+        """After the optimizer step: ``loss`` (the step's, None when unseen) over ``n`` examples. On a sampled step
+        the read-back's check and the divergence guard (Diverged, naming the first non-finite module caught)."""
         if self._counter is not None:
             self._counter.__exit__(None, None, None)
             self.flops, self._counter = flop_summary(self._counter.flops, n), None
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self._end_step()
+        loss = loss.detach().float() if loss is not None else None
         if loss is not None:
-            self.loss_sum += loss.detach().float() * n
+            self.loss_sum += loss * n
         self.samples += n
-        if self._scale is not None:  # GradScaler backs off exactly when it skipped the step
-            self.skipped += (scaler._scale < self._scale).long().squeeze()
         self.batches += 1
+        if self.hooked:
+            # No replay: the framework's step is its own (the batch, the user's loss), so a culprit comes from the
+            # hooked steps themselves.
+            bad = self.health.went_bad(loss if loss is not None else self.loss_sum)
+            self.finder.after_step(self.probe, bad, global_step, self.scale, None, loss, self.task)
         if self.sampled:
             self.check()
-            self.steps.append({"step": global_step, "loss": float(loss.detach()) if loss is not None else math.nan,
-                               "scale": float(scaler.get_scale()) if scaler is not None else 1.0})
+            skipped = self.health.skipped_steps()
+            self.finder.skips_seen(skipped)
+            self.steps.append({"step": global_step, "loss": float(loss) if loss is not None else math.nan,
+                               "loss_scale": self.health.loss_scale, "skipped_in_epoch": skipped})
+            self._guard(global_step)
         self.in_window += n
         if self.batches > self.warmup and self.batches % self.window == 0:
             if self.device.type == "cuda":
@@ -214,6 +265,15 @@ class StepBook:
             self.t_window, self.in_window = now, 0
         self.t_last = time.perf_counter()
 
+    def _guard(self, global_step: int) -> None:
+        """The divergence check of a sampled step: Diverged naming the first non-finite module caught, with the
+        epoch's activation table so far."""
+        try:
+            self.health.check(self.loss_sum, f"step {global_step}")
+        except Diverged as exc:
+            raise self.finder.explain(exc, self.model, self.policy, None, None, 1.0, global_step,
+                                      self.health.loss_scale, self.probe.take(), self.task) from None
+
     def record(self, epoch: int, global_step: int, val: tuple[float, float], scaler: Any,
                lr: float) -> EpochRecord:
         """The epoch just trained (``epoch``, 1-based) as the pipeline's ``EpochRecord``."""
@@ -223,8 +283,10 @@ class StepBook:
             train_accuracy=math.nan,  # the module's logits are its own business during training
             val_loss=val[0], val_accuracy=val[1], samples_per_s=self.samples / seconds, epoch_seconds=seconds,
             loss_scale=float(scaler.get_scale()) if scaler is not None else 1.0,
-            skipped_steps=int(self.skipped.item()), optimizer_steps=global_step - self.first_step,
-            input_wait_seconds=math.nan, lr=lr, grads={}, steps=self.steps, windows=self.windows,
+            skipped_steps=self.health.skipped_steps() if self.health is not None else 0,
+            optimizer_steps=global_step - self.first_step, input_wait_seconds=math.nan, lr=lr, grads={},
+            steps=self.steps, windows=self.windows, activations=self.probe.take() if self.probe is not None else [],
+            nonfinite=self.finder.take(),
             evaluations=[{"step": global_step, "seconds": seconds, "val_loss": val[0]}])
 
 

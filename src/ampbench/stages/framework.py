@@ -25,13 +25,14 @@ import torch
 
 from ampbench.config.params import Params
 from ampbench.data.splits import Prepared
-from ampbench.errors import ArmUnavailable, DataError, ParamsError
+from ampbench.errors import AmpbenchError, ArmUnavailable, DataError, Diverged, ParamsError
 from ampbench.models.factory import ModelSpec, check_built
 from ampbench.precision.policy import PrecisionPolicy, describe_line, float32_matches, keep_float32
 from ampbench.runtime.determinism import set_deterministic
 from ampbench.stages import resume
 from ampbench.stages.outputs import ArmOutputs, SeedJob
 from ampbench.stages.preflight import Preflight
+from ampbench.stages.seed_record import diverged_record, seed_record, what_ran
 from ampbench.tasks.contract import Task
 from ampbench.training.instruments import epoch_line
 from ampbench.training.state import EpochRecord
@@ -56,6 +57,11 @@ def check_arm(policy: PrecisionPolicy, params: Params) -> None:
     adapter(params).check_arm(policy, params)
 
 
+def check_steps(params: Params, data: Prepared, world: Any) -> None:
+    """Nothing before the run: the framework's own loaders batch its data (``train.batch_size`` is not theirs), so
+    the number of steps is the framework's; a seed that ran no optimizer step is refused after its fit."""
+
+
 def _check_data(params: Params, data: Prepared) -> None:
     """The prepared data came from the framework's own data (ParamsError otherwise)."""
     if data.meta.get("kind") != "inputs":
@@ -70,12 +76,16 @@ def _float32(module: torch.nn.Module, params: Params) -> list[str]:
         raise ParamsError(str(exc)) from None
 
 
-def _book(arm: str, policy: PrecisionPolicy, float32: list[str], params: Params, count_flops: bool = False):
+def _book(arm: str, policy: PrecisionPolicy, float32: list[str], params: Params, count_flops: bool = False,
+          task: Task | None = None):
     from ampbench.frameworks.readback import StepBook
+    from ampbench.tasks.resolve import resolve_task
 
     return StepBook(arm, policy, float32 if policy.low_precision else [], params.train.telemetry_every, window=10,
                     warmup=5, count_flops=count_flops,
-                    user_code=(Path(params.train.model_code), Path(params.prepare.dataset_code)))
+                    user_code=(Path(params.train.model_code), Path(params.prepare.dataset_code)),
+                    divergence=params.train.divergence,
+                    task=task or resolve_task(params.train.task, params.train.block_size))
 
 
 def _built(arm_policy: PrecisionPolicy, params: Params, device: torch.device) -> tuple[Any, Any, list[str]]:
@@ -102,7 +112,7 @@ def preflight(arm: str, policy: PrecisionPolicy, params: Params, data: Prepared,
         # that overrides the arm is named here, before a check fails on its consequences.
         module, source, float32 = _built(policy, params, device)
         policy.apply_backend_flags()
-        book = _book(arm, policy, float32, params, count_flops=True)
+        book = _book(arm, policy, float32, params, count_flops=True, task=task)
         book.every = 1
         try:
             fw.Run(policy, params, device, 1, book, module, source, 0, max_steps=1,
@@ -163,7 +173,8 @@ def train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs,
     prior = resume.load(job.resume_path, job.arm, job.key)
     if prior is not None and prior[1].done is not None:
         out.reused(job)
-        out.seed_files(job, prior[0]["final"], prior[1].records, [])
+        if not prior[1].done["diverged"]:
+            out.seed_files(job, prior[0]["final"], prior[1].records, prior[1].done["activations"])
         return prior[1].done, prior[1].records
     tp = job.params.train
     progress, saved = _start(job, out)
@@ -181,22 +192,29 @@ def train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs,
         out.log(epoch_line(f"seed {job.seed}", record, tp.epochs, tp.epochs - record.epoch + later_seeds * tp.epochs))
 
     job.policy.apply_backend_flags()
-    book = _book(job.arm, job.policy, float32, job.params)
+    book = _book(job.arm, job.policy, float32, job.params, task=job.task)
     run = fw.Run(job.policy, job.params, job.device, tp.epochs, book, module, source, job.seed, on_epoch=on_epoch,
                  output_dir=job.resume_path.with_name(f"seed{job.seed}.trainer"),
                  validate=lambda m: job.task.validate(m, job.data.val, job.policy, job.params.evaluate.batch_size))
-    with out.open_run(job, progress.run_id) as run_id:
-        progress.run_id = run_id
-        if saved is None:
-            out.dataset(job, data_dir)
-        fw.reseed(job.seed, len(progress.records))  # the loaders' shuffle of the epoch training starts at
-        run.fit(saved)
-        record = _finish(job, out, run, module, book, progress, run_id, flops)
+    try:
+        with out.open_run(job, progress.run_id) as run_id:
+            progress.run_id = run_id
+            if saved is None:
+                out.dataset(job, data_dir)
+            fw.reseed(job.seed, len(progress.records))  # the loaders' shuffle of the epoch training starts at
+            run.fit(saved)
+            if not sum(r.optimizer_steps for r in progress.records):
+                raise AmpbenchError(f"{job.name}: {fw.NAME} ran no optimizer step (its loaders gave no batch?); "
+                                    "its results would be untrained")
+            record = _finish(job, out, run, module, book, progress, run_id, flops)
+    except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
+        record = diverged_record(job, exc, progress, out, flops)
     progress.done = record
     out.seed_done(job, {"final": {"model": module.state_dict()}}, progress)
     _remove_checkpoints(job)
-    out.log(f"seed {job.seed}: val_accuracy {progress.records[-1].val_accuracy:.4f}, "
-            f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")
+    if not record["diverged"]:
+        out.log(f"seed {job.seed}: val_accuracy {progress.records[-1].val_accuracy:.4f}, "
+                f"{record['train_samples_per_s']:,.0f} samples/s, skipped steps {record['skipped_steps_total']}")
     return record, progress.records
 
 
@@ -204,8 +222,6 @@ def _finish(job: SeedJob, out: ArmOutputs, run: Any, module: torch.nn.Module, bo
             progress: resume.SeedProgress, run_id: str, flops: dict[str, Any] | None) -> dict[str, Any]:
     """Inside the seed's run, once the framework is done: its record (what ran read back), numerics, files and
     artifacts."""
-    from ampbench.stages.seed_record import seed_record, what_ran
-
     fw = adapter(job.params)
     record = seed_record(job, f"your {fw.NAME} job's own data loading", progress.records, run_id,
                          out.files.checkpoint(job.seed).name, out.node)
@@ -216,7 +232,7 @@ def _finish(job: SeedJob, out: ArmOutputs, run: Any, module: torch.nn.Module, bo
     out.numerics(job, run_id, record)
     if hasattr(module, "trainer"):
         module.trainer = None  # the model alone goes into the checkpoint and MLflow, not the Trainer it points to
-    paths = out.seed_files(job, {"model": module.state_dict()}, progress.records, [])
+    paths = out.seed_files(job, {"model": module.state_dict()}, progress.records, record["activations"])
     out.seed_artifacts(job, paths, record, module)
     return record
 

@@ -1,5 +1,6 @@
-"""A trained seed's line in summary.json (``seed_record``) and what it records of what ran (``what_ran``, ``where``):
-shared by the pipeline's loop (``train.py``) and a framework's trainer (``framework.py``)."""
+"""A trained seed's line in summary.json (``seed_record``; ``diverged_record`` for one the divergence guard stopped)
+and what it records of what ran (``what_ran``, ``where``): shared by the pipeline's loop (``train.py``) and a
+framework's trainer (``framework.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from typing import Any
 
 import torch
 
+from ampbench.errors import Diverged
+from ampbench.report.advice import float32_fix
 from ampbench.runtime.hardware import fingerprint, peak_memory_mb
-from ampbench.stages.outputs import SeedJob
+from ampbench.stages import resume
+from ampbench.stages.outputs import ArmOutputs, SeedJob
 from ampbench.training.activations import merge_tables
 from ampbench.training.loop import throughput
 from ampbench.training.state import EpochRecord
@@ -65,3 +69,19 @@ def evaluation_points(records: list[EpochRecord]) -> list[dict[str, float]]:
         points += [{**e, "seconds": before + e["seconds"]} for e in r.evaluations]
         before += r.epoch_seconds
     return points
+
+
+def diverged_record(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: ArmOutputs,
+                    flops: dict | None) -> dict[str, Any]:
+    """The record of a seed the divergence guard stopped: the reason, the first non-finite module and the rerun
+    that keeps it in float32, the activation table up to the divergence."""
+    out.log(f"seed {job.seed}: DIVERGED: {exc}")
+    record = {"run_id": progress.run_id, "diverged": str(exc), "first_nonfinite": exc.culprit, "flops": flops,
+              **where(job.device, out.node),
+              "activations": merge_tables([r.activations for r in progress.records] + [exc.activations])}
+    fix = float32_fix(exc.culprit, job.arm) if exc.culprit else None
+    if fix:  # a module of a 16-bit arm: never the loss, never an arm that already computes in float32
+        record["fix"] = fix
+        out.log(f"seed {job.seed}: keep it in float32: {fix}")
+    out.numerics(job, progress.run_id, record)
+    return record

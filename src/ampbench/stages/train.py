@@ -22,7 +22,6 @@ from ampbench.data.loader import batches_per_epoch
 from ampbench.data.prepare import load_prepared
 from ampbench.errors import AmpbenchError, ArmUnavailable, Diverged, Interrupted, StoreError
 from ampbench.precision.policy import describe_line, resolve_device, resolve_policy
-from ampbench.report.advice import float32_fix
 from ampbench.report.size import estimate, request_size
 from ampbench.runtime import distributed
 from ampbench.runtime.files import dvc_md5, json_digest
@@ -30,7 +29,7 @@ from ampbench.runtime.hardware import fingerprint, reset_peak_memory
 from ampbench.stages import resume
 from ampbench.stages.outputs import ArmOutputs, ClusterCell, SeedJob
 from ampbench.stages.preflight import check_steps, preflight
-from ampbench.stages.seed_record import seed_record, what_ran, where
+from ampbench.stages.seed_record import diverged_record, seed_record, what_ran
 from ampbench.tasks.resolve import resolve_task
 from ampbench.training import checkpoint
 from ampbench.training.activations import merge_tables
@@ -58,7 +57,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
             trainer.check_arm(policy, params)
             task = resolve_task(params.train.task, params.train.block_size)
             data = task.view(load_prepared(data_dir))
-            check_steps(params, data, world)
+            trainer.check_steps(params, data, world)
             pre = trainer.preflight(arm, policy, params, data, task, device)  # before anything is written
         except ArmUnavailable as exc:
             if cell is not None:  # a cluster cell placed on a node that cannot run the arm: refuse, never record
@@ -98,6 +97,7 @@ class _PipelineLoop:
     def check_arm(policy, params: Params) -> None:
         """Nothing beyond the device's own check (``resolve_policy``)."""
 
+    check_steps = staticmethod(check_steps)
     preflight = staticmethod(preflight)
 
     @staticmethod
@@ -107,7 +107,8 @@ class _PipelineLoop:
 
 def who_trains(params: Params):
     """train.framework's trainer, as an object with ``check_arm`` (ArmUnavailable for an arm it cannot run),
-    ``preflight`` and ``train_seed``: the pipeline's loop, or a framework's (``framework.py``)."""
+    ``check_steps`` (ParamsError for data an epoch would train no step on), ``preflight`` and ``train_seed``: the
+    pipeline's loop, or a framework's (``framework.py``)."""
     if params.train.framework != "ampbench":
         from ampbench.stages import framework
 
@@ -206,7 +207,7 @@ def _train_seed(job: SeedJob, data_dir: Path, out: ArmOutputs,
     try:
         record = _fit_in_run(job, model, state, cfg, progress, data_dir, out, flops, fresh=prior is None)
     except Diverged as exc:  # the run is already marked FAILED with the reason; other seeds and arms go on
-        record = _diverged(job, exc, progress, out, flops)
+        record = diverged_record(job, exc, progress, out, flops)
     progress.done = record
     out.seed_done(job, state, progress)
     if not record["diverged"]:
@@ -245,20 +246,4 @@ def _fit_in_run(job: SeedJob, model: torch.nn.Module, state: TrainState, cfg: Lo
         out.numerics(job, run_id, record)
         paths = out.seed_files(job, checkpoint.state_dict(state), progress.records, record["activations"])
         out.seed_artifacts(job, paths, record, model)
-    return record
-
-
-def _diverged(job: SeedJob, exc: Diverged, progress: resume.SeedProgress, out: ArmOutputs,
-              flops: dict | None) -> dict[str, Any]:
-    """The record of a seed the divergence guard stopped: the reason, the first non-finite module and the rerun
-    that keeps it in float32, the activation table up to the divergence."""
-    out.log(f"seed {job.seed}: DIVERGED: {exc}")
-    record = {"run_id": progress.run_id, "diverged": str(exc), "first_nonfinite": exc.culprit, "flops": flops,
-              **where(job.device, out.node),
-              "activations": merge_tables([r.activations for r in progress.records] + [exc.activations])}
-    fix = float32_fix(exc.culprit, job.arm) if exc.culprit else None
-    if fix:  # a module of a 16-bit arm: never the loss, never an arm that already computes in float32
-        record["fix"] = fix
-        out.log(f"seed {job.seed}: keep it in float32: {fix}")
-    out.numerics(job, progress.run_id, record)
     return record
