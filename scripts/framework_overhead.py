@@ -53,7 +53,7 @@ def hf_side(a, policy):
     import tempfile
 
     from examples.hf_trainer_lm import build
-    from transformers import Trainer
+    from transformers import PrinterCallback, Trainer
 
     from ampbench.frameworks import hf
     from ampbench.frameworks.readback import StepBook
@@ -68,6 +68,7 @@ def hf_side(a, policy):
         readback = hf.ReadBack(StepBook(a.arm, policy, [], a.every, window=10, warmup=5))
         trainer = Trainer(model=t.model, args=args, train_dataset=t.train_dataset,
                           callbacks=[readback] if side == "pipeline" else [])
+        trainer.remove_callback(PrinterCallback)  # its log dicts on stdout, which holds the result
         readback.trainer = trainer
         start = time.perf_counter()
         trainer.train()

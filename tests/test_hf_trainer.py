@@ -1,13 +1,15 @@
 """Your Hugging Face Trainer job as it is: examples/hf_trainer_lm.py (a GPT-2-style causal LM from a config, digits
-as token sequences) trained by the Trainer under each arm's own flags, read back as it trains: on the CPU the
-Trainer's fp16=True trains in float32 (read back in one step, so the arm is skipped with why), bf16 is judged against
-fp32 on the loss per token; a model loaded in bfloat16 and a Trainer reporting to MLflow itself are refused in one
-line. Skipped where transformers or accelerate is missing, except in CI (AMPBENCH_REQUIRE_TRANSFORMERS=1)."""
+as token sequences) trained by the Trainer under each arm's own flags, read back as it trains, through `dvc exp run`
+with the usual report: on the CPU the Trainer's fp16=True trains in float32 (read back in one step, so the arm is
+skipped with why), bf16 is judged against fp32 on the loss per token; a model loaded in bfloat16 and a Trainer
+reporting to MLflow itself are refused in one line. Skipped where transformers or accelerate is missing, except in
+CI (AMPBENCH_REQUIRE_TRANSFORMERS=1)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -23,7 +25,7 @@ from ampbench.errors import ArmUnavailable, ModelError  # noqa: E402
 from ampbench.frameworks.readback import ArmMismatch  # noqa: E402
 from ampbench.precision.policy import resolve_policy  # noqa: E402
 from ampbench.stages.train import train_arm  # noqa: E402
-from conftest import interrupted_at_epoch_log  # noqa: E402
+from conftest import ARM_RUNS, interrupted_at_epoch_log, make_project_repo, run_ok  # noqa: E402
 
 EXAMPLE = "examples.hf_trainer_lm"
 
@@ -82,27 +84,43 @@ def test_the_prepared_data_is_the_trainers_own(prepared):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's case: the Trainer applies fp16=True on CUDA")
-def test_on_the_cpu_fp16_is_read_back_as_float32_and_skipped_bf16_is_judged(prepared, mlflow_store):
+def test_dvc_exp_run_measures_the_trainer_job(tmp_path, tiny_params):
+    """The docs' path for a Trainer job, as a user runs it: `dvc exp run -S ...` naming the script's ``build``. On
+    the CPU the Trainer's fp16=True trains in float32 (read back in one step: the arm is skipped with why); bf16 is
+    judged against fp32 on the loss per token, timed by the speed stage, and its runs carry what ran."""
     import mlflow
 
-    from ampbench.stages.evaluate import evaluate_arms
-
-    params, root = prepared
-    fp16 = _arm("fp16", params, root)
-    assert fp16["skipped"].startswith("the fp16 arm trained in float32: autocast was off around transformer.h.0")
-    assert "the framework did not apply the arm's flag on cpu" in fp16["skipped"] and "fp16=True" in fp16["skipped"]
-    for arm in ("fp32", "bf16"):
-        _arm(arm, params, root)
-    summary = json.loads((root / "run" / "bf16" / "summary.json").read_text())
-    assert summary["framework"]["precision"] == "bf16=True" and summary["framework"]["compute_dtypes"] == ["bfloat16"]
-    evaluate_arms(params, root / "prepared", root / "run", root / "reports", root, {})
-    report = (root / "reports" / "report.md").read_text()
-    rows = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ")}
+    tiny_params["mlflow"]["log_model"] = False
+    repo, env = make_project_repo(tmp_path / "repo", tiny_params)
+    sets = [f"prepare.dataset={EXAMPLE}:build", "prepare.dataset_code=examples", "prepare.max_train=null",
+            "train.framework=hf_trainer", "train.task=language_model", f"train.model={EXAMPLE}:build",
+            "train.model_code=examples", "+train.model_args.n_embd=32", "+train.model_args.n_layer=1",
+            "train.precisions=[fp32,fp16,bf16]", "train.seeds=[0]", "train.epochs=1", "speed.rounds=3",
+            "speed.steps=6", "speed.window=2", "speed.warmup_steps=1", "speed.seconds_per_arm=3.0"]
+    run_ok([str(repo / ".venv" / "bin" / "dvc"), "exp", "run", *[a for s in sets for a in ("-S", s)]], repo, env)
+    report = (repo / "reports" / "report.md").read_text()
+    rows: dict[str, str] = {}  # each arm's row in the summary table (the report's first)
+    for line in report.splitlines():
+        if line.startswith("| "):
+            rows.setdefault(line.split("|")[1].strip(), line)
     assert "**skipped**" in rows["fp16"] and "Hugging Face Trainer, fp16=True" in rows["fp16"]
-    assert rows["bf16"].split("|")[2].strip() in ("**not worse**", "**inconclusive**", "**worse**")
+    cells = [c.strip() for c in rows["bf16"].split("|")]
+    assert cells[2] in ("**not worse**", "**inconclusive**", "**worse**"), rows["bf16"]  # a verdict
+    assert re.fullmatch(r"[\d.]+× \[[\d.]+, [\d.]+\]( unstable)?", cells[4]), rows["bf16"]  # speed × fp32
+    assert "Δloss, nats/token" in report
     assert "Hugging Face Trainer precision bf16=True: matmuls and convolutions computed in bfloat16" in report
-    run = mlflow.search_runs(search_all_experiments=True, filter_string="tags.precision = 'bf16'")
-    assert set(run["tags.framework.precision"]) == {"bf16=True"}
+    fp16 = json.loads((repo / "models" / "fp16" / "summary.json").read_text())
+    assert fp16["skipped"].startswith("the fp16 arm trained in float32: autocast was off around transformer.h.0")
+    assert "the framework did not apply the arm's flag on cpu" in fp16["skipped"]
+    speed = json.loads((repo / "reports" / "interleaved.json").read_text())  # timed through the Trainer, fp16 not
+    assert speed["arms"]["bf16"]["speedup_vs_fp32"] > 0
+    assert speed["skipped"]["fp16"].startswith("the fp16 arm trained in float32")
+    bf16 = json.loads((repo / "models" / "bf16" / "summary.json").read_text())
+    assert bf16["framework"]["precision"] == "bf16=True" and bf16["framework"]["compute_dtypes"] == ["bfloat16"]
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    runs = mlflow.search_runs(search_all_experiments=True, filter_string=ARM_RUNS)
+    assert sorted(runs["tags.precision"]) == ["bf16", "fp32"] and set(runs["status"]) == {"FINISHED"}
+    assert set(runs[runs["tags.precision"] == "bf16"]["tags.framework.precision"]) == {"bf16=True"}
 
 
 def test_an_interrupted_seed_resumes_from_the_trainers_checkpoint_exactly(prepared, monkeypatch, mlflow_store):
@@ -151,21 +169,3 @@ def test_a_trainer_reporting_to_mlflow_itself_is_refused(prepared, monkeypatch):
     raw["train"]["model"] = "own_mlflow:build"
     with pytest.raises(ModelError, match=r"report_to=\[..., 'mlflow'\]\) logs runs of its own beside the pipeline's"):
         _arm("fp32", validate(raw), root, "own")
-
-
-def test_the_speed_stage_times_each_arm_through_the_trainer(prepared):
-    from ampbench.stages.speed import measure_arms
-    from ampbench.tasks.resolve import resolve_task
-
-    params, root = prepared
-    raw = params.to_dict()
-    raw["speed"].update({"rounds": 2, "steps": 6, "window": 2, "warmup_steps": 1, "seconds_per_arm": 3.0})
-    params = validate(raw)
-    task = resolve_task("language_model", None)
-    from ampbench.data.prepare import load_prepared
-
-    data = task.view(load_prepared(root / "prepared"))
-    result = measure_arms(params, data.train, data.val, task, torch.device("cpu"), {})
-    assert result["arms"]["bf16"]["speedup_vs_fp32"] > 0
-    if not torch.cuda.is_available():
-        assert result["skipped"]["fp16"].startswith("the fp16 arm trained in float32")

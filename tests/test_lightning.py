@@ -208,9 +208,9 @@ class Overflowing(DigitsClassifier):
 
 
 def test_an_overflowing_lightning_module_diverges_naming_its_module(setup, monkeypatch):
-    """The numerics a built-in task gets, where Lightning's hooks reach: every fp16 step overflows in the planted
-    gain, Lightning's GradScaler skips them all, the divergence guard stops the seed and names the module (its
-    float32 fix with it); bf16 trains, with its module output ranges recorded."""
+    """The numerics a built-in task gets, where Lightning's hooks reach: fp16 steps overflow in the planted gain,
+    Lightning's GradScaler skips them, the sampled step that sees the skips hooks the next steps, which name the
+    module, and the divergence guard stops the seed (its float32 fix with it)."""
     import mlflow
 
     params, data_dir, root = setup
@@ -218,20 +218,16 @@ def test_an_overflowing_lightning_module_diverges_naming_its_module(setup, monke
     monkeypatch.syspath_prepend(str(root))
     raw = params.to_dict()
     raw["train"].update({"model": "overflowing:Overflowing", "model_code": str(root / "overflowing.py"),
-                         "model_args": {}, "epochs": 1, "divergence": {"max_consecutive_skips": 10}})
+                         "model_args": {}})
     params = validate(raw)
     fp16 = _arm("fp16", params, data_dir, root, "run")["seeds"]["0"]
-    assert fp16["diverged"].startswith("fp16: step 11: 10 optimizer steps in a row skipped"), fp16["diverged"]
+    assert re.match(r"fp16: step \d+: loss scale collapsed to [\d.]+ \(< 1\): fp16 overflows on every step",
+                    fp16["diverged"]), fp16["diverged"]
     assert fp16["first_nonfinite"]["module"] == "net.3" and fp16["first_nonfinite"]["phase"] == "forward"
     assert re.search(r"; first non-finite output in module 'net\.3' \(Gain\) at step \d+, loss scale \d+$",
                      fp16["diverged"]), fp16["diverged"]
     assert "net.3" in fp16["fix"]
-    run = mlflow.get_run(fp16["run_id"])
-    assert run.info.status == "FAILED"
-    bf16 = _arm("bf16", params, data_dir, root, "run")["seeds"]["0"]
-    assert bf16["diverged"] is None and bf16["first_nonfinite"] is None
-    ranges = {row["module"]: row for row in bf16["activations"]}
-    assert ranges["net.3"]["max_abs"] > 1e4 and ranges["net.3"]["nonfinite"] == 0
+    assert mlflow.get_run(fp16["run_id"]).info.status == "FAILED"
 
 
 def test_a_lightning_language_model_is_judged_on_its_loss_per_token(tmp_path, tiny_params, mlflow_store):

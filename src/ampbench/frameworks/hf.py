@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback
+from transformers import PrinterCallback, Trainer, TrainerCallback
 
 from ampbench.config.params import Params
 from ampbench.data.datamodule import trainer_tensors
@@ -183,6 +183,9 @@ class Run:
             eval_dataset=t.eval_dataset, processing_class=t.processing_class, compute_metrics=t.compute_metrics,
             compute_loss_func=t.compute_loss_func, preprocess_logits_for_metrics=t.preprocess_logits_for_metrics,
             callbacks=[*mine, self.readback])
+        # The stage prints a line per epoch of its own; the log dicts the Trainer prints without tqdm would
+        # interleave with them.
+        self.trainer.remove_callback(PrinterCallback)
         self.readback.trainer = self.trainer
         self.precision = precision_name(policy)
 

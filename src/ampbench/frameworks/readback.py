@@ -5,11 +5,12 @@ callbacks call it: ``lightning.py``, ``hf.py``).
   the prepared val split (the same numbers a built-in task records), throughput windows, loss scale, skipped steps.
 - On sampled steps (``train.telemetry_every``), what every matmul and convolution module computed in (its output's
   dtype, the autocast state around it, its weights' dtype) and the gradients' dtypes.
-- The numerics a built-in task records, where a framework's callbacks reach: every module's output range on sampled
-  steps (``ActivationProbe``), the first non-finite module from those steps, with extra steps hooked while skips go
-  uncaught (``NonFiniteFinder``), and the divergence guard (``ScalerHealth``: a collapsing loss scale, a run of
-  skipped steps, or a non-finite loss without a scaler stops the seed, recorded as diverged). Gradient ranges are
-  not read: the framework decides where in its step gradients are unscaled.
+- The numerics a built-in task records, where a framework's callbacks reach: skipped steps and the loss scale
+  (``ScalerHealth``, its divergence guard: a collapsing loss scale, a run of skipped steps, or a non-finite loss
+  without a scaler stops the seed, recorded as diverged), and the first non-finite module: once a sampled step sees
+  skips, the next steps hook every module's output (``NonFiniteFinder``'s hunt, ``ActivationProbe``) until one
+  names it. Healthy steps are never hooked for it: on a small model a hooked step costs about ten plain ones
+  (BENCHMARKS.md), so the per-module output ranges and gradient ranges of the pipeline's own loop are not read.
 - A refusal (``ArmMismatch``, one line naming the user's file and line) when the arm asked for 16-bit compute and
   none ran, or for float32 and 16 bits ran: a framework or a model overriding the flag silently.
 """
@@ -97,7 +98,7 @@ class StepBook:
         self._counter: DtypeFlopCounter | None = None
         self.batches = 0  # training batches run by this Trainer
         self.all_windows: list[float] = []  # every timing window of the run, across epochs (the speed harness's)
-        self.sampled = self.hooked = False  # this step: sampled; its module outputs hooked (sampled, or a hunt)
+        self.sampled = self.hooked = False  # this step: sampled; its module outputs hooked (a hunt)
         self.divergence, self.task = divergence or DivergenceParams(), task
         self.finder = NonFiniteFinder(every)
         # Made at the first step, from the framework's model and scaler (``_numerics``):
@@ -187,13 +188,13 @@ class StepBook:
         self.probe = ActivationProbe(module, self.device)
 
     def step_start(self, module: nn.Module, scaler: Any) -> None:
-        """Before a step's forward: hooks on a sampled step (or while hunting an uncaught skip), the loss scale's
-        watch, the FLOP counter on the first."""
+        """Before a step's forward: dtype hooks on a sampled step, output hooks while hunting an uncaught skip, the
+        loss scale's watch, the FLOP counter on the first."""
         signals.checkpoint()  # a signal a finalizer swallowed stops training here
         if self.health is None:
             self._numerics(module, scaler)
         self.sampled = self.batches % self.every == 0
-        self.hooked = self.sampled or self.finder.hunting
+        self.hooked = self.finder.hunting
         if self.sampled:
             self.seen = {}
             self._watch(module)
@@ -266,13 +267,13 @@ class StepBook:
         self.t_last = time.perf_counter()
 
     def _guard(self, global_step: int) -> None:
-        """The divergence check of a sampled step: Diverged naming the first non-finite module caught, with the
-        epoch's activation table so far."""
+        """The divergence check of a sampled step: Diverged naming the first non-finite module caught (no
+        activation table: the hunt's steps are the bad ones, not a sample of the run)."""
         try:
             self.health.check(self.loss_sum, f"step {global_step}")
         except Diverged as exc:
             raise self.finder.explain(exc, self.model, self.policy, None, None, 1.0, global_step,
-                                      self.health.loss_scale, self.probe.take(), self.task) from None
+                                      self.health.loss_scale, [], self.task) from None
 
     def record(self, epoch: int, global_step: int, val: tuple[float, float], scaler: Any,
                lr: float) -> EpochRecord:
@@ -285,8 +286,7 @@ class StepBook:
             loss_scale=float(scaler.get_scale()) if scaler is not None else 1.0,
             skipped_steps=self.health.skipped_steps() if self.health is not None else 0,
             optimizer_steps=global_step - self.first_step, input_wait_seconds=math.nan, lr=lr, grads={},
-            steps=self.steps, windows=self.windows, activations=self.probe.take() if self.probe is not None else [],
-            nonfinite=self.finder.take(),
+            steps=self.steps, windows=self.windows, activations=[], nonfinite=self.finder.take(),
             evaluations=[{"step": global_step, "seconds": seconds, "val_loss": val[0]}])
 
 
