@@ -107,6 +107,24 @@ def test_a_look_trains_only_its_new_seed_and_the_last_look_stops(decided):
     assert "undecided" in (repo / "reports" / "report.md").read_text().split("| arm |")[0]
 
 
+def test_an_added_key_holds_for_every_look(tmp_path):
+    """`-S +key=value` for every look: DVC appends such a key and refuses it once it exists, and each look's
+    settings stay in params.yaml, so a second look failed on it (found deciding a Lightning job with
+    `-S +train.model_args.channels=4`). Every look gives it as `++key=value` (add or override)."""
+    from ampbench.errors import ParamsError
+    from ampbench.stages.decide import _apply_settings, every_look
+
+    assert every_look("+train.model_args.channels=4") == "++train.model_args.channels=4"
+    assert [every_look(s) for s in ("++a=1", "a=1", "~a")] == ["++a=1", "a=1", "~a"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"train": {"model_args": {}}}))
+    _apply_settings(path, (every_look("+train.model_args.channels=4"),))  # the first look: the key is added
+    with pytest.raises(ParamsError, match="An item is already at 'train.model_args.channels'"):
+        _apply_settings(path, ("+train.model_args.channels=4",))  # what the second look did
+    _apply_settings(path, (every_look("+train.model_args.channels=4"),))
+    assert yaml.safe_load(path.read_text())["train"]["model_args"] == {"channels": 4}
+
+
 @pytest.mark.parametrize("setting, said", [
     ("train.precisions=[fp32,bogus]", "train.precisions.1: Input should be 'fp32'"),
     ("train.epoch=2", "-S train.epoch=2: Could not override 'train.epoch' (no such key in params.yaml)"),

@@ -20,14 +20,14 @@ from ampbench.cluster import grid, ray_backend, workspace
 from ampbench.cluster.grid import Cell, ClusterError, Placement
 from ampbench.config.validation import load_params
 from ampbench.errors import ArmUnavailable, Interrupted
-from ampbench.precision.policy import resolve_device, resolve_policy
+from ampbench.precision.policy import resolve_device
 from ampbench.runtime import signals
 from ampbench.runtime.console import log
 from ampbench.runtime.files import dvc_md5
 from ampbench.runtime.hardware import fingerprint
 from ampbench.runtime.provenance import run_tags
 from ampbench.stages.outputs import execution_params
-from ampbench.stages.train import execution_key
+from ampbench.stages.train import execution_key, ready
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def cluster_repro(root: Path, options: Options) -> None:
     try:
         _check_cluster(root, params, options, uri)
         cells = workspace.unfinished(root, params, _runnable(workspace.stale_arms(root, params.train.precisions),
-                                                             params))
+                                                             params, root))
         if cells:
             parent = _parent(root, params, options, cells)
             specs = [_spec(c, parent, uri, artifacts, root) for c in cells]
@@ -82,14 +82,16 @@ def _check_cluster(root: Path, params, options: Options, uri: str) -> None:
     log(f"Ray cluster at {options.address}: {len(live)} live nodes, {len(fit)} can run a cell; {head_device}")
 
 
-def _runnable(arms: list[str], params) -> list[str]:
-    """The arms this device kind can run (every cell's node has it); the train stage here records the others as
-    skipped, with the reason, as it does without a cluster."""
+def _runnable(arms: list[str], params, root: Path) -> list[str]:
+    """The arms this device kind can run (every cell's node has it), as the train stage finds them before it trains
+    (``ready``: the device, train.framework, a framework job's one read-back step); the train stage here records
+    the others as skipped, with the reason, as it does without a cluster. A model, params or data the train stage
+    would refuse stops here, before any cell."""
     device = resolve_device(params.train.device)
     runnable = []
     for arm in arms:
         try:
-            resolve_policy(arm, device, params.train.fp32_modules)
+            ready(arm, params, root / "data" / "prepared", device)
             runnable.append(arm)
         except ArmUnavailable as exc:
             log(f"[{arm}] not sent to the cluster: {exc} (the train stage records it as skipped)")

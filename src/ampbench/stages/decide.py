@@ -52,6 +52,13 @@ def overrides(design: Design, seeds: list[int]) -> dict[str, Any]:
             "evaluate.sequential.until": design.until}
 
 
+def every_look(setting: str) -> str:
+    """A user's ``-S`` setting as every look gives it: ``+key=value`` (append: DVC refuses it once the key exists)
+    becomes ``++key=value`` (add or override), since each look's settings stay in params.yaml and the second look
+    (or a rerun of ``decide``) finds the key already there, with this value."""
+    return "+" + setting if setting.startswith("+") and not setting.startswith("++") else setting
+
+
 def settings(design: Design, seeds: list[int]) -> list[str]:
     """The ``-S`` settings of one look (lists and booleans as YAML writes them: [0,1,2], true)."""
     text = {list: lambda v: "[" + ",".join(map(str, v)) + "]", bool: lambda v: str(v).lower()}
@@ -108,6 +115,7 @@ def decide(root: Path, design: Design, first_seed: int = 0, extra: tuple[str, ..
            say: Callable[[str], None] = print, dvc: tuple[str, ...] = (sys.executable, "-m", "dvc")) -> Decision:
     """Run the looks of ``design`` in ``root`` (seeds ``first_seed``, ``first_seed + 1``, …) until the evaluate
     stage says the procedure stops. ``extra``: more ``key=value`` settings for every look."""
+    extra = tuple(every_look(setting) for setting in extra)
     for arm, why in check_design(root, design, first_seed, extra).items():
         say(f"ampbench decide: {arm} will be skipped: {why}")
     user = [arg for setting in extra for arg in ("-S", setting)]

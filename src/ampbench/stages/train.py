@@ -20,16 +20,18 @@ from ampbench.config.layout import ArmFiles
 from ampbench.config.params import Params
 from ampbench.data.loader import batches_per_epoch
 from ampbench.data.prepare import load_prepared
+from ampbench.data.splits import Prepared
 from ampbench.errors import AmpbenchError, ArmUnavailable, Diverged, Interrupted, StoreError
-from ampbench.precision.policy import describe_line, resolve_device, resolve_policy
+from ampbench.precision.policy import PrecisionPolicy, describe_line, resolve_device, resolve_policy
 from ampbench.report.size import estimate, request_size
 from ampbench.runtime import distributed
 from ampbench.runtime.files import dvc_md5, json_digest
 from ampbench.runtime.hardware import fingerprint, reset_peak_memory
 from ampbench.stages import resume
 from ampbench.stages.outputs import ArmOutputs, ClusterCell, SeedJob
-from ampbench.stages.preflight import check_steps, preflight
+from ampbench.stages.preflight import Preflight, check_steps, preflight
 from ampbench.stages.seed_record import diverged_record, seed_record, what_ran
+from ampbench.tasks.contract import Task
 from ampbench.tasks.resolve import resolve_task
 from ampbench.training import checkpoint
 from ampbench.training.activations import merge_tables
@@ -51,14 +53,8 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
                      enabled=world.is_main, cell=cell)
     try:
         trainer = who_trains(params)
-        try:  # first: an arm this device (or the framework) cannot run pays for nothing else; a framework that
-            # ignores the arm's setting on this device is read back in its preflight's one step
-            policy = resolve_policy(arm, device, params.train.fp32_modules)
-            trainer.check_arm(policy, params)
-            task = resolve_task(params.train.task, params.train.block_size)
-            data = task.view(load_prepared(data_dir))
-            trainer.check_steps(params, data, world)
-            pre = trainer.preflight(arm, policy, params, data, task, device)  # before anything is written
+        try:
+            policy, task, data, pre = ready(arm, params, data_dir, device, world)
         except ArmUnavailable as exc:
             if cell is not None:  # a cluster cell placed on a node that cannot run the arm: refuse, never record
                 raise
@@ -88,6 +84,22 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         raise Interrupted(str(exc) or "SIGINT", out.kept_line()) from None
     finally:
         distributed.shutdown(world)
+
+
+def ready(arm: str, params: Params, data_dir: Path, device: torch.device,
+          world: distributed.World = distributed.SINGLE) -> tuple[PrecisionPolicy, Task, Prepared, Preflight]:
+    """Everything the train stage checks of ``arm`` before it writes anything: ArmUnavailable when this device or
+    train.framework cannot run it (first, so such an arm pays for nothing else; a framework that ignores the arm's
+    setting on this device is read back in its preflight's one step), else ModelError, ParamsError or DataError (one
+    line) for a model, params or data it would refuse. Returns the arm's policy, the task, the prepared data and the
+    preflight. The cluster's head asks it of each arm before sending cells out."""
+    trainer = who_trains(params)
+    policy = resolve_policy(arm, device, params.train.fp32_modules)
+    trainer.check_arm(policy, params)
+    task = resolve_task(params.train.task, params.train.block_size)
+    data = task.view(load_prepared(data_dir))
+    trainer.check_steps(params, data, world)
+    return policy, task, data, trainer.preflight(arm, policy, params, data, task, device)
 
 
 class _PipelineLoop:
