@@ -11,6 +11,7 @@ nothing, and whose speed and evaluate stages run on this node.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,8 @@ def _runnable(arms: list[str], params, root: Path) -> list[str]:
     the others as skipped, with the reason, as it does without a cluster. A model, params or data the train stage
     would refuse stops here, before any cell."""
     device = resolve_device(params.train.device)
+    if str(root) not in sys.path:  # a model, data or task of the user's imports from the project, as in the stages
+        sys.path.insert(0, str(root))
     runnable = []
     for arm in arms:
         try:
