@@ -403,6 +403,51 @@ def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp
         bad = CliRunner().invoke(ampbench, ["sensitivity", *args, "--root", str(root)])
         assert bad.exit_code == 2 and bad.output.startswith("error: ") and message in bad.output, bad.output
 
-    fixed = {**params, "train": {**params["train"], "fp32_modules": ["coords"]}}
-    out, reports = _pipeline(fixed, data, tmp_path, write_params, "offset-fixed")
-    assert json.loads((reports / "details.json").read_text())["bf16"]["not_worse"] == "not worse"
+
+    # `ampbench fix bf16`: the ranking's first module, trained and judged, confirmed on a fresh seed; the -S line.
+    import mlflow
+
+    (root / "reports").symlink_to(reports, target_is_directory=True)
+    before = (root / "params.yaml").read_bytes()
+    found = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])
+    assert found.exit_code == 0, found.output + str(found.exception)
+    said = lambda out: [line for line in out.splitlines() if not line.startswith("[")]  # noqa: E731 (not the stages')
+    lines = said(found.output)
+    assert lines[0].startswith("bf16: worse against fp32 in this run.") or "inconclusive" in lines[0], lines[0]
+    assert lines[1].startswith('trial 1: ["coords"] kept in float32, seeds [0]: not worse (Δaccuracy '), lines
+    assert lines[2].startswith('confirmation: ["coords"] kept in float32, seeds [1]: not worse'), lines
+    assert lines[3] == ('The search ended with ["coords"], minimal: without it the arm is as the run judged it. 2 of '
+                        "10 trainings of bf16 spent (and 1 of fp32 on the fresh seeds)."), lines
+    assert lines[-1] == """  .venv/bin/dvc exp run --temp -S 'train.fp32_modules=["coords"]'"""
+    assert (root / "params.yaml").read_bytes() == before
+    search = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`ampbench.role` = 'fix'")
+    assert len(search) == 1 and search["tags.fix.modules"][0] == '["coords"]'
+    assert search["tags.fix.confirmation"][0] == "not worse" and search["tags.fix.minimal"][0] == "true"
+    trials = mlflow.search_runs(search_all_experiments=True,
+                                filter_string=f"tags.`mlflow.parentRunId` = '{search['run_id'][0]}'")
+    assert sorted(trials["tags.fix.role"]) == ["confirmation", "confirmation", "search"], trials
+    assert set(trials["tags.fix.verdict"].dropna()) == {"not worse"}
+    runs = len(mlflow.search_runs(search_all_experiments=True))
+    again = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])  # trains nothing: all kept
+    assert again.exit_code == 0 and said(again.output) == lines and "[bf16] seed" not in again.output, again.output
+    assert len(mlflow.search_runs(search_all_experiments=True)) == runs
+    for args, message in ((["fp16"], "'fp16': not an arm of this run to fix"),
+                          (["bf16", "--budget", "0"], "--budget 0: a trial on the run's 1 seed(s) and its")):
+        bad = CliRunner().invoke(ampbench, ["fix", *args, "--root", str(root)])
+        assert bad.exit_code == 2 and bad.output.startswith("error: ") and message in bad.output, bad.output
+
+
+def test_fix_trains_nothing_for_an_arm_already_not_worse(tmp_path):
+    import yaml
+
+    from ampbench.cli import main as ampbench
+    from conftest import TINY
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"],
+                                                                             "precisions": ["fp32", "bf16"]}}))
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "comparison.json").write_text(json.dumps({"bf16": {"not_worse": "not worse"}}))
+    result = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert result.output == "bf16 is already not worse than fp32 in this run: nothing to fix, nothing trained\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml", "reports"]

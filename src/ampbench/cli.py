@@ -232,6 +232,23 @@ def sensitivity(arm: str, root: Path, seed: int | None, examples: int, top: int)
     click.echo("\n".join(ranking_lines(rank_in_project(arm, root.resolve(), seed, examples), top)))
 
 
+@main.command()
+@click.argument("arm")
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
+              help="Project root: params.yaml, the prepared data, models/ and reports/ as `dvc repro` left them.")
+@click.option("--budget", type=int, default=None,
+              help="Trainings of ARM the search may spend, its confirmation's included  [default: 3 × log2(the "
+                   "candidates + 1) × train.seeds, plus as many fresh seeds]")
+@one_line_errors
+def fix(arm: str, root: Path, budget: int | None) -> None:
+    """Find the modules to keep in float32 so that an autocast ARM is shown not worse than fp32: a search over the
+    modules' ranking with trainings judged by the pipeline's verdicts, its answer confirmed on fresh seeds
+    (docs/which-part-needs-float32.md). params.yaml and the pipeline's outputs stay as they are."""
+    from ampbench.stages.fix import fix_in_project
+
+    fix_in_project(arm, root, budget, say=click.echo)
+
+
 @main.group()
 def cluster() -> None:
     """The pipeline with its training cells on a Ray cluster (docs/cluster.md; make install-cluster)."""

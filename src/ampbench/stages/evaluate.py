@@ -28,6 +28,7 @@ from ampbench.config.records import (
     check_speed,
     check_summary,
 )
+from ampbench.config.validation import validate
 from ampbench.data.prepare import cut_notes, load_prepared
 from ampbench.data.splits import Split
 from ampbench.errors import AmpbenchError, DataError, StoreError
@@ -107,6 +108,25 @@ def _evaluate_arms(params, data_dir, models_dir, reports_dir, project_root, tags
         runs.log_evaluation(experiment_id, tags, seed_runs, parent, ReportFiles(staging))
     log(rec.plain)
     return comparison
+
+
+def judge_arm(params: Params, data_dir: Path, models_dir: Path, arm: str) -> PairedStatistics | str:
+    """``arm``'s verdicts against the baseline over train.seeds, as this stage judges them (the fixed design, the
+    margins from fp32's seeds), from ``models_dir``/<arm> and ``models_dir``/fp32; nothing written or logged. What
+    ``ampbench fix`` judges each trial by. The reason instead when the arm has no result (diverged, skipped)."""
+    tp, ev = params.train, params.evaluate
+    device = resolve_device(tp.device)
+    task = HeldToContract(resolve_task(tp.task, tp.block_size))
+    data = task.view(load_prepared(data_dir))
+    summaries = {a: _read_summary(ArmFiles(models_dir / a).summary, a, tp.seeds) for a in (BASELINE, arm)}
+    if not summaries[arm].ran:
+        return summaries[arm].skipped or f"diverged: {summaries[arm].diverged}"
+    judged = params.to_dict()
+    judged["train"]["precisions"] = [BASELINE, arm]
+    reports, outcomes, predictions = _predict_arms(validate(judged), task, summaries, data.test, models_dir, device)
+    noise = seed_noise(reports[0].per_seed, predictions)
+    margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
+    return _paired(reports[1], outcomes, task, margins, noise, ev.confidence, one_sided_level(ev.confidence))
 
 
 def _read_summary(path: Path, arm: str, seeds: list[int]) -> ArmSummary:

@@ -23,13 +23,15 @@ from ampbench.tracking.runs import (
     execution_name,
     execution_parent,
     open_run,
+    parent_of,
     run_exists,
     scratch_run,
+    search_parent,
 )
 from ampbench.tracking.store import close_dead_runs, setup
 from ampbench.tracking.uris import ARTIFACTS_DIR, DB_NAME, check_uri, mask, redact, store_uris
 
 __all__ = ["ARTIFACTS_DIR", "DB_NAME", "check_uri", "close_dead_runs", "close_lost_attempts", "end_execution",
            "evaluation_parent", "execution_name", "execution_parent", "flatten", "log_artifacts", "log_batch",
-           "log_dataset", "log_epoch", "log_metrics", "log_model", "log_to", "mask", "open_run", "redact",
-           "run_exists", "scratch_run", "setup", "store_uris"]
+           "log_dataset", "log_epoch", "log_metrics", "log_model", "log_to", "mask", "open_run", "parent_of",
+           "redact", "run_exists", "scratch_run", "search_parent", "setup", "store_uris"]

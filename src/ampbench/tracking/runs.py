@@ -17,9 +17,32 @@ from ampbench.tracking.uris import mask, redact
 
 
 def execution_name(tags: dict[str, str]) -> str:
-    """A parent run's name: the DVC experiment's, else ``repro@<commit>``."""
+    """A parent run's name: the one its tags give (``ampbench.execution_name``: a search's trial), the DVC
+    experiment's, else ``repro@<commit>``."""
     commit = tags.get("git_commit", "")
-    return tags.get("dvc.exp_name") or (f"repro@{commit[:7]}" if commit and commit != "unknown" else "repro")
+    return (tags.get("ampbench.execution_name") or tags.get("dvc.exp_name")
+            or (f"repro@{commit[:7]}" if commit and commit != "unknown" else "repro"))
+
+
+def search_parent(experiment_id: str, key: str, name: str, tags: dict[str, str], params: dict[str, str]) -> str:
+    """The run of one ``ampbench fix`` search, which its trials' execution runs nest under: the newest with ``key``
+    (a rerun of the same search goes on in it), else a new one."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    with init_lock(current_uri()):
+        found = retry(client.search_runs)([experiment_id], filter_string=f"tags.`ampbench.fix_search` = '{key}'",
+                                          order_by=["attributes.start_time DESC"], max_results=1)
+        if found:
+            return found[0].info.run_id
+        return _new_parent(experiment_id, name, {**tags, "ampbench.fix_search": key}, params, role="fix")
+
+
+def parent_of(run_id: str) -> str | None:
+    """The run ``run_id`` is nested under, if any."""
+    from mlflow.tracking import MlflowClient
+
+    return retry(MlflowClient().get_run)(run_id).data.tags.get("mlflow.parentRunId")
 
 
 def execution_parent(experiment_id: str, key: str, name: str, arm: str, tags: dict[str, str],
@@ -97,12 +120,13 @@ def end_execution(run_id: str) -> None:
     retry(MlflowClient().set_terminated)(run_id, "FINISHED", end_time=int(time.time() * 1000))
 
 
-def _new_parent(experiment_id: str, name: str, tags: dict[str, str], params: dict[str, str]) -> str:
+def _new_parent(experiment_id: str, name: str, tags: dict[str, str], params: dict[str, str],
+                role: str = "execution") -> str:
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
-    tags = {**tags, "ampbench.role": "execution", "ampbench.tracking_uri": redact(current_uri())}
+    tags = {**tags, "ampbench.role": role, "ampbench.tracking_uri": redact(current_uri())}
     run = retry(client.create_run)(experiment_id, run_name=name, tags=tags)
     log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
     retry(client.set_terminated)(run.info.run_id, "FINISHED")

@@ -136,7 +136,8 @@ def search(ranking: list[str], judge: Judge, seeds: tuple[int, ...], fresh: tupl
         best = max(tried, key=lambda t: -math.inf if t.low is None else t.low, default=None)
         return Answer(None, False, None, best, trials.order, spent, state.stopped)
     confirmation = judge(state.found, tuple(fresh))
-    stopped = state.stopped or ("minimal: removing any one of its modules made the arm fail" if minimal else
+    stopped = state.stopped or (("minimal: without it the arm is as the run judged it" if len(state.found) == 1 else
+                                 "minimal: removing any one of its modules made the arm fail") if minimal else
                                 "sufficient")
     return Answer(state.found, minimal, confirmation, None, [*trials.order, confirmation], spent + len(fresh),
                   stopped)

@@ -1,0 +1,219 @@
+"""``ampbench fix ARM``: which modules to keep in float32 so that a degraded autocast arm is shown not worse than
+fp32, from the sensitivity ranking to a verdict confirmed on fresh seeds (the search, and why it is built so:
+``verdict/search.py``; the ranking: ``training/sensitivity.py``).
+
+It reads what `dvc repro` left (params.yaml, data/prepared, models/, reports/comparison.json) and trains in
+``.resume/fix/<arm>/``, which neither git nor DVC tracks: params.yaml and the pipeline's outputs stay as they were.
+
+- A trial is the arm with ``train.fp32_modules`` set to its modules, trained on the run's own seeds by the train
+  stage's code (``train_arm``), and judged against the run's fp32 models of those seeds as the evaluate stage
+  judges (``evaluate.judge_arm``: the same margins, confidence and deciding metric).
+- The confirmation trains the set the search ended with, and fp32, on as many seeds again that no trial used; its
+  verdict is the one reported.
+- In MLflow one run per search (role ``fix``, its answer in ``fix.*`` tags) holds each trial's execution run
+  (``fix.modules``, ``fix.verdict``), which holds the trial's run per seed.
+- A trial whose seeds all finished is not trained again, and one cut short resumes as the train stage does: a rerun
+  after Ctrl-C goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+from ampbench import tracking
+from ampbench.config.arms import BASELINE
+from ampbench.config.layout import MODELS, PREPARED, RESUME, ArmFiles, ReportFiles
+from ampbench.config.params import Params
+from ampbench.config.validation import load_params, validate
+from ampbench.errors import ParamsError
+from ampbench.report.advice import fix_line
+from ampbench.runtime.files import dvc_md5, json_digest, read_json
+from ampbench.runtime.provenance import code_version, run_tags
+from ampbench.stages.evaluate import judge_arm
+from ampbench.stages.sensitivity import rank_in_project
+from ampbench.stages.train import train_arm
+from ampbench.verdict.search import Answer, Trial, default_budget, search
+
+
+def fix_in_project(arm: str, root: Path, budget: int | None = None,
+                   say: Callable[[str], None] = print) -> Answer | None:
+    """Search for the modules to keep in float32 for ``arm`` in the project at ``root`` (see the module docstring),
+    saying each trial and the answer; None, training nothing, when the arm is already not worse. ``budget``: the
+    arm's trainings the search may spend, the confirmation's included (default ``default_budget``)."""
+    root = root.resolve()
+    params = load_params(root / "params.yaml")
+    tp = params.train
+    if arm == BASELINE or arm not in tp.precisions:
+        raise ParamsError(f"{arm!r}: not an arm of this run to fix against fp32 (train.precisions: {tp.precisions})")
+    if tp.fp32_modules:
+        raise ParamsError(f"train.fp32_modules is {list(tp.fp32_modules)}: the search chooses it, starting from the "
+                          "arm as it is; run it on params without it")
+    now = _verdict(root, arm)
+    if now == "not worse":
+        say(f"{arm} is already not worse than fp32 in this run: nothing to fix, nothing trained")
+        return None
+    if str(root) not in sys.path:  # a model or task of the user's imports from the project, as in the stages
+        sys.path.insert(0, str(root))
+    ranking = [m.module for m in rank_in_project(arm, root).modules]
+    seeds = tuple(tp.seeds)
+    fresh = tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds)))
+    budget = default_budget(len(ranking), len(seeds), len(fresh)) if budget is None else budget
+    if budget < len(seeds) + len(fresh):
+        raise ParamsError(f"--budget {budget}: a trial on the run's {len(seeds)} seed(s) and its confirmation on "
+                          f"{len(fresh)} fresh one(s) need at least {len(seeds) + len(fresh)} trainings")
+    say(f"{arm}: {now} against fp32 in this run. {len(ranking)} candidate modules ranked on the fp32 model "
+        f"(`ampbench sensitivity {arm}`); trials on seeds {list(seeds)}, the confirmation on fresh seeds "
+        f"{list(fresh)}; a budget of {budget} trainings of {arm}")
+    trials = _Trials(arm, params, root, seeds, say)
+    trials.open_search(budget, ranking, fresh)
+    try:
+        answer = search(ranking, trials, seeds, fresh, budget)
+    except ValueError as exc:
+        raise ParamsError(str(exc)) from None
+    trials.close_search(answer)
+    for line in answer_lines(arm, answer, budget, len(fresh)):
+        say(line)
+    return answer
+
+
+def _verdict(root: Path, arm: str) -> str:
+    """The arm's not-worse verdict in the run's reports/comparison.json (ParamsError when it has none)."""
+    path = ReportFiles(root / "reports").comparison
+    row = read_json(path, "run the pipeline first (dvc repro)").get(arm) or {}
+    if row.get("verdict") == "skipped":
+        raise ParamsError(f"{arm} was skipped in this run (reports/report.md says why): nothing trained to fix")
+    if "not_worse" not in row:
+        raise ParamsError(f"{path}: no verdict for {arm}; run the pipeline first (dvc repro)")
+    return row["not_worse"]
+
+
+class _Trials:
+    """The ``judge`` of a search: each trial trained in ``.resume/fix/<arm>/``, judged, said and logged."""
+
+    def __init__(self, arm: str, params: Params, root: Path, seeds: tuple[int, ...], say: Callable[[str], None]):
+        self.arm, self.params, self.root, self.seeds, self.say = arm, params, root, seeds, say
+        self.folder = root / RESUME / "fix" / arm
+        self.data = root / PREPARED
+        tp = params.train
+        self.code = code_version(root, tp.model_code, tp.task_code)
+        self.tags = run_tags(root)
+        self.count = 0
+        self.search_run: str | None = None
+
+    def open_search(self, budget: int, ranking: list[str], fresh: tuple[int, ...]) -> None:
+        """The search's MLflow run: found again by what the search is (a rerun of it goes on in it), else made."""
+        experiment = tracking.setup(self.root, self.params.mlflow.experiment)
+        what = {"arm": self.arm, "seeds": list(self.seeds), "fresh": list(fresh), "budget": budget,
+                "ranking": ranking, "data": dvc_md5(self.data), "code": self.code, "train": self.params.train.to_dict()}
+        self.search_run = tracking.search_parent(
+            experiment, json_digest(what, 24), f"fix {self.arm}", {**self.tags, "fix.arm": self.arm},
+            {"fix.budget": str(budget), "fix.seeds": json.dumps(list(self.seeds)), "fix.fresh": json.dumps(list(fresh)),
+             "fix.candidates": str(len(ranking))})
+
+    def close_search(self, answer: Answer) -> None:
+        """The answer onto the search's run."""
+        conf = answer.confirmation
+        tags = {"fix.modules": json.dumps(list(answer.modules)) if answer.modules else "none",
+                "fix.minimal": str(answer.minimal).lower(), "fix.stopped": answer.stopped,
+                "fix.confirmation": conf.verdict if conf else "none"}
+        tracking.log_to(self.search_run, {"fix.trainings": answer.spent, "fix.trials": len(answer.trials)}, tags)
+
+    def __call__(self, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Trial:
+        confirming = seeds != self.seeds
+        params = self._params(self.arm, modules, seeds)
+        folder = self.folder / json_digest({"modules": sorted(modules), "seeds": list(seeds)}, 12)
+        execution = self._train(self.arm, params, folder, modules, "confirmation" if confirming else "search")
+        fp32 = self._fresh_fp32(seeds) if confirming else self.root / MODELS / BASELINE
+        link = folder / BASELINE
+        if not link.exists():
+            link.symlink_to(fp32, target_is_directory=True)
+        stats = judge_arm(params, self.data, folder, self.arm)
+        trial = _trial(modules, seeds, stats)
+        self.count += 1
+        if execution:
+            tracking.log_to(execution, {}, {"fix.verdict": trial.verdict, "mlflow.parentRunId": self.search_run})
+        what = "confirmation" if confirming else f"trial {self.count}"
+        self.say(f"{what}: {json.dumps(list(modules))} kept in float32, seeds {list(seeds)}: {trial.verdict}"
+                 + (f" ({_interval(stats)})" if not isinstance(stats, str) else f" ({stats})"))
+        return trial
+
+    def _params(self, arm: str, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Params:
+        raw = self.params.to_dict()
+        raw["train"].update({"precisions": [BASELINE, arm] if arm != BASELINE else [BASELINE],
+                             "fp32_modules": list(modules), "seeds": list(seeds), "keep_finished": False})
+        return validate(raw)
+
+    def _train(self, arm: str, params: Params, folder: Path, modules: tuple[str, ...], role: str) -> str | None:
+        """Train ``arm`` under ``params`` into ``folder``/<arm> unless its seeds all finished there; the trial's
+        execution run (None when nothing was ever logged)."""
+        files = ArmFiles(folder / arm)
+        if not _finished(files, params.train.seeds):
+            name = f"fix {self.arm}: {json.dumps(list(modules))}" if arm != BASELINE else f"fix {self.arm}: fp32"
+            tags = {**self.tags, "ampbench.execution_name": name, "fix.role": role,
+                    "fix.modules": json.dumps(list(modules))}
+            train_arm(arm, params, self.data, folder / arm, self.root, tags, resume_dir=folder / ".resume" / arm,
+                      code_version=self.code)
+        summary = read_json(files.summary, "its training did not finish")
+        run_ids = [s.get("run_id") for s in (summary.get("seeds") or {}).values() if s.get("run_id")]
+        return tracking.parent_of(run_ids[0]) if run_ids else None
+
+    def _fresh_fp32(self, seeds: tuple[int, ...]) -> Path:
+        """fp32 trained on the confirmation's seeds (once)."""
+        folder = self.folder / json_digest({"fp32": list(seeds)}, 12)
+        execution = self._train(BASELINE, self._params(BASELINE, (), seeds), folder, (), "confirmation")
+        if execution:
+            tracking.log_to(execution, {}, {"mlflow.parentRunId": self.search_run})
+        return folder / BASELINE
+
+
+def _finished(files: ArmFiles, seeds: list[int]) -> bool:
+    if not files.summary.exists():
+        return False
+    summary = read_json(files.summary, "")
+    return summary.get("skipped") is not None or all(str(s) in (summary.get("seeds") or {}) for s in seeds)
+
+
+def _trial(modules: tuple[str, ...], seeds: tuple[int, ...], stats) -> Trial:
+    """A judged trial; its interval oriented so that higher is better (a loss difference negated)."""
+    if isinstance(stats, str):
+        return Trial(modules, seeds, "diverged" if stats.startswith("diverged") else "skipped")
+    v = stats.decided
+    lo, hi = v.interval.ci_low, v.interval.ci_high
+    if stats.deciding == "loss" and lo is not None:
+        lo, hi = -hi, -lo
+    return Trial(modules, seeds, v.not_worse, lo, hi)
+
+
+def _interval(stats) -> str:
+    """The deciding difference and its one-sided bound, as the report prints them."""
+    v = stats.decided
+    if stats.deciding == "accuracy":
+        mean, bound, unit, digits = v.interval.mean * 100, v.bound, " pp", 2
+        bound = None if bound is None else bound * 100
+    else:
+        mean, bound, unit, digits = v.interval.mean, v.bound, " nats", 4
+    shown = f"Δ{stats.deciding} {mean:+.{digits}f}{unit}"
+    return shown + (f", one-sided bound {bound:+.{digits}f}{unit}" if bound is not None else "")
+
+
+def answer_lines(arm: str, answer: Answer, budget: int, fresh: int) -> list[str]:
+    """What the search found, in words, with the -S line to adopt when the confirmation says not worse."""
+    spent = f"{answer.spent} of {budget} trainings of {arm} spent (and {fresh} of fp32 on the fresh seeds)"
+    if answer.modules is None:
+        best = answer.best
+        closest = (f"; the closest: {json.dumps(list(best.modules))} kept in float32 ({best.verdict})"
+                   if best is not None else "")
+        return [f"No set of modules found: {answer.stopped}{closest}. {spent}.",
+                f"Stay on fp32 for what {arm} would train, or try another arm."]
+    lines = [f"The search ended with {json.dumps(list(answer.modules))}, {answer.stopped}. {spent}."]
+    conf = answer.confirmation
+    if answer.confirmed:
+        lines += [f"Confirmed on fresh seeds {list(conf.seeds)}: {arm} with them in float32 is not worse than fp32. "
+                  "Adopt it:", f"  {fix_line(list(answer.modules))}"]
+    else:
+        lines += [f"Not confirmed: on fresh seeds {list(conf.seeds)} it is {conf.verdict}, so no fix is reported (the "
+                  "search's pass may have been luck among its trials); more seeds (train.seeds) give both more power"]
+    return lines
