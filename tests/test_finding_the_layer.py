@@ -395,7 +395,8 @@ def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp
     assert result.exit_code == 0, result.output + str(result.exception)
     assert "| coords | Coordinates |" in result.output.splitlines()[4], result.output  # the first row
     assert """.venv/bin/dvc exp run --temp -S 'train.fp32_modules=["coords"]'""" in result.output
-    assert "`ampbench sensitivity bf16` ranks the modules" in (reports / "report.md").read_text()
+    report = (reports / "report.md").read_text()
+    assert "`ampbench sensitivity bf16` ranks the modules" in report and "`ampbench fix bf16` finds the set" in report
     few = CliRunner().invoke(ampbench, ["sensitivity", "bf16", "--root", str(root), "--examples", "100"])
     assert few.exit_code == 0 and "on 100 validation examples" in few.output, few.output
     for args, message in ((["fp32"], "'fp32': not an arm of this run"), (["fp16"], "'fp16': not an arm of this run"),

@@ -208,7 +208,7 @@ def _not_worse_text(c: dict[str, Any], by_loss: bool) -> str:
 
 def rank_hint(arm: str, c: dict[str, Any]) -> str | None:
     """For an autocast arm shown *worse* than fp32 with every value finite (nothing overflowed for the report to
-    name): the command that ranks which module to keep in float32."""
+    name): the command that ranks which module to keep in float32, and the one that finds and confirms the set."""
     a = get_arm(arm)
     if c.get("status") != "ok" or "worse" not in (c.get("not_worse"), c.get("loss_not_worse"),
                                                   c.get("accuracy_not_worse")):
@@ -216,7 +216,8 @@ def rank_hint(arm: str, c: dict[str, Any]) -> str | None:
     if a.autocast is None or a.pure or a.float8:
         return None
     return (f"{arm} is worse than fp32 with every value finite: `ampbench sensitivity {arm}` ranks the modules to "
-            "keep in float32 (docs/finding-the-layer.md)")
+            f"keep in float32 (docs/finding-the-layer.md), and `ampbench fix {arm}` finds the set that makes it not "
+            "worse, confirmed on fresh seeds (docs/which-part-needs-float32.md)")
 
 
 def fix_line(modules: list[str]) -> str:
