@@ -6,6 +6,7 @@ evaluate stages: fp16 fails, the finder names ``gain``, the activation table ran
 """
 
 import json
+import re
 from collections import OrderedDict
 
 import pytest
@@ -419,7 +420,13 @@ def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp
     assert lines[2].startswith('confirmation: ["coords"] kept in float32, seeds [1]: not worse'), lines
     assert lines[3] == ('The search ended with ["coords"], minimal: without it the arm is as the run judged it. 2 of '
                         "10 trainings of bf16 spent (and 1 of fp32 on the fresh seeds)."), lines
-    assert lines[-1] == """  .venv/bin/dvc exp run --temp -S 'train.fp32_modules=["coords"]'"""
+    assert lines[5] == """  .venv/bin/dvc exp run --temp -S 'train.fp32_modules=["coords"]'"""
+    assert re.fullmatch(r"Speed × fp32, timed together \(speed\.\* sizes\): bf16 as it was [\d.]+× \[[\d.]+, [\d.]+\]"
+                        r"( unstable)?, with the fix [\d.]+× \[[\d.]+, [\d.]+\]( unstable)?\.", lines[6]), lines[6]
+    # coords' two 64×64 matmuls (forward 2, backward 3: proj(origin) needs no input gradient) against fc1's
+    # (forward 1, backward 1: the data needs none) and the head's 64×4 (1 and 2): 20480 of 29440 FLOPs per sample
+    assert lines[7] == ("The modules kept in float32 take 69.6% of bf16's matmul and convolution FLOPs (one training "
+                        "step counted by dtype)."), lines[7]
     assert (root / "params.yaml").read_bytes() == before
     search = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`ampbench.role` = 'fix'")
     assert len(search) == 1 and search["tags.fix.modules"][0] == '["coords"]'
@@ -430,7 +437,9 @@ def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp
     assert set(trials["tags.fix.verdict"].dropna()) == {"not worse"}
     runs = len(mlflow.search_runs(search_all_experiments=True))
     again = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])  # trains nothing: all kept
-    assert again.exit_code == 0 and said(again.output) == lines and "[bf16] seed" not in again.output, again.output
+    again_lines = said(again.output)  # the same but the speed line: the harness times the arms again
+    assert again.exit_code == 0 and "[bf16] seed" not in again.output, again.output
+    assert again_lines[:6] == lines[:6] and again_lines[7:] == lines[7:], again_lines
     assert len(mlflow.search_runs(search_all_experiments=True)) == runs
     for args, message in ((["fp16"], "'fp16': not an arm of this run to fix"),
                           (["bf16", "--budget", "0"], "--budget 0: a trial on the run's 1 seed(s) and its")):
@@ -452,3 +461,9 @@ def test_fix_trains_nothing_for_an_arm_already_not_worse(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output == "bf16 is already not worse than fp32 in this run: nothing to fix, nothing trained\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml", "reports"]
+    for key, value, said in (("framework", "lightning", "train.framework: lightning: `ampbench fix` searches jobs"),
+                             ("fp32_modules", ["fc1"], "train.fp32_modules is ['fc1']: the search chooses it")):
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({**TINY, "train": {
+            **TINY["train"], "precisions": ["fp32", "bf16"], key: value}}))
+        bad = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(tmp_path)])
+        assert bad.exit_code == 2 and bad.output.startswith(f"error: {said}"), bad.output

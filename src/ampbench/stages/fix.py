@@ -48,6 +48,9 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None,
     tp = params.train
     if arm == BASELINE or arm not in tp.precisions:
         raise ParamsError(f"{arm!r}: not an arm of this run to fix against fp32 (train.precisions: {tp.precisions})")
+    if tp.framework != "ampbench":
+        raise ParamsError(f"train.framework: {tp.framework}: `ampbench fix` searches jobs the pipeline's own loop "
+                          "trains; a framework's job is not searched yet")
     if tp.fp32_modules:
         raise ParamsError(f"train.fp32_modules is {list(tp.fp32_modules)}: the search chooses it, starting from the "
                           "arm as it is; run it on params without it")
@@ -73,10 +76,41 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None,
         answer = search(ranking, trials, seeds, fresh, budget)
     except ValueError as exc:
         raise ParamsError(str(exc)) from None
-    trials.close_search(answer)
-    for line in answer_lines(arm, answer, budget, len(fresh)):
+    cost = _cost(arm, params, root, trials, answer) if answer.confirmed else None
+    trials.close_search(answer, cost)
+    for line in answer_lines(arm, answer, budget, len(fresh)) + (cost_lines(arm, cost) if cost else []):
         say(line)
     return answer
+
+
+def _cost(arm: str, params: Params, root: Path, trials: _Trials, answer: Answer) -> dict:
+    """What the fix costs: fp32, the arm as it was and with the fix timed together by the speed harness (speed.*
+    sizes), and the share of the arm's matmul and convolution FLOPs that the kept modules take (the train stage's
+    count of one step, before and with them)."""
+    from ampbench.stages.speed import FIXED, measure_fix
+
+    speed = measure_fix(params, arm, list(answer.modules), root / PREPARED)
+    before = read_json(ArmFiles(root / MODELS / arm).summary, "").get("flops") or {}
+    after = trials.summary(answer.confirmation).get("flops") or {}
+    shares = before.get("low_precision_share"), after.get("low_precision_share")
+    return {"speed": {"as it was": speed[arm], "with the fix": speed[FIXED.format(arm=arm)]},
+            "kept_flops_share": shares[0] - shares[1] if None not in shares else None}
+
+
+def cost_lines(arm: str, cost: dict) -> list[str]:
+    """The fix's cost in words."""
+    def x(row: dict) -> str:
+        if row.get("speedup_vs_fp32") is None:
+            return "n/a"
+        low, high = row["speedup_vs_fp32_ci"]
+        return f"{row['speedup_vs_fp32']:.2f}× [{low:.2f}, {high:.2f}]" + (" unstable" if row["unstable"] else "")
+    speed = cost["speed"]
+    lines = [f"Speed × fp32, timed together (speed.* sizes): {arm} as it was {x(speed['as it was'])}, with the fix "
+             f"{x(speed['with the fix'])}."]
+    if cost["kept_flops_share"] is not None:
+        lines.append(f"The modules kept in float32 take {100 * cost['kept_flops_share']:.1f}% of {arm}'s matmul and "
+                     "convolution FLOPs (one training step counted by dtype).")
+    return lines
 
 
 def _verdict(root: Path, arm: str) -> str:
@@ -113,18 +147,31 @@ class _Trials:
             {"fix.budget": str(budget), "fix.seeds": json.dumps(list(self.seeds)), "fix.fresh": json.dumps(list(fresh)),
              "fix.candidates": str(len(ranking))})
 
-    def close_search(self, answer: Answer) -> None:
-        """The answer onto the search's run."""
+    def close_search(self, answer: Answer, cost: dict | None) -> None:
+        """The answer (and what the fix costs) onto the search's run."""
         conf = answer.confirmation
         tags = {"fix.modules": json.dumps(list(answer.modules)) if answer.modules else "none",
                 "fix.minimal": str(answer.minimal).lower(), "fix.stopped": answer.stopped,
                 "fix.confirmation": conf.verdict if conf else "none"}
-        tracking.log_to(self.search_run, {"fix.trainings": answer.spent, "fix.trials": len(answer.trials)}, tags)
+        metrics = {"fix.trainings": answer.spent, "fix.trials": len(answer.trials)}
+        if cost:
+            metrics.update({f"fix.speedup_vs_fp32.{key.replace(' ', '_')}": row["speedup_vs_fp32"]
+                            for key, row in cost["speed"].items() if row.get("speedup_vs_fp32") is not None})
+            if cost["kept_flops_share"] is not None:
+                metrics["fix.kept_flops_share"] = cost["kept_flops_share"]
+        tracking.log_to(self.search_run, metrics, tags)
+
+    def summary(self, trial: Trial) -> dict:
+        """The summary.json of ``trial``'s arm."""
+        return read_json(ArmFiles(self._folder(trial.modules, trial.seeds) / self.arm).summary, "")
+
+    def _folder(self, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Path:
+        return self.folder / json_digest({"modules": sorted(modules), "seeds": list(seeds)}, 12)
 
     def __call__(self, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Trial:
         confirming = seeds != self.seeds
         params = self._params(self.arm, modules, seeds)
-        folder = self.folder / json_digest({"modules": sorted(modules), "seeds": list(seeds)}, 12)
+        folder = self._folder(modules, seeds)
         execution = self._train(self.arm, params, folder, modules, "confirmation" if confirming else "search")
         fp32 = self._fresh_fp32(seeds) if confirming else self.root / MODELS / BASELINE
         link = folder / BASELINE

@@ -97,10 +97,25 @@ def measure_arms(params: Params, train: Split, val: Split, task: Task, device: t
             "skipped": skipped, **summarise(measured.rounds), "budget": measured.budgets, "memory": memory}
 
 
-def run(params: Params, data_dir: Path) -> dict[str, Any]:
-    """The speed stage's measurement on the prepared data in ``data_dir``: the training split's first
-    ``speed.steps`` batches (every round trains on them), a batch of the validation split (the loop validates after
-    each round, untimed)."""
+FIXED = "{arm} with the fix"  # the fixed arm's name among measure_fix's
+
+
+def measure_fix(params: Params, arm: str, modules: list[str], data_dir: Path) -> dict[str, Any]:
+    """fp32, ``arm`` as it is and ``arm`` with ``modules`` kept in float32 (named ``FIXED.format(arm=arm)``), built
+    as the train stage builds them and timed by the harness interleaved, as the speed stage times arms: what
+    ``ampbench fix`` reports of its answer. Each one's ratio to fp32 (``summarise``'s ``arms``)."""
+    train, val, task, device, contract = _timed_data(params, data_dir)
+    s = sizes(params, len(train) // params.train.batch_size)
+    fixed = dataclasses.replace(params, train=dataclasses.replace(params.train, fp32_modules=tuple(modules)))
+    runners = {BASELINE: loop_arm(BASELINE, params, train, val, task, device, contract, s),
+               arm: loop_arm(arm, params, train, val, task, device, contract, s),
+               FIXED.format(arm=arm): loop_arm(arm, fixed, train, val, task, device, contract, s)}
+    return summarise(measure(runners, s).rounds)["arms"]
+
+
+def _timed_data(params: Params, data_dir: Path) -> tuple[Split, Split, Task, torch.device, dict[str, Any]]:
+    """The training split's first ``speed.steps`` batches (every round trains on them), a batch of the validation
+    split (the loop validates after each round, untimed), the task, the device and the model's contract."""
     from ampbench.data.prepare import load_prepared
     from ampbench.precision.policy import resolve_device
     from ampbench.tasks.resolve import resolve_task
@@ -112,7 +127,13 @@ def run(params: Params, data_dir: Path) -> dict[str, Any]:
     train, val = data.train, data.val
     train = train if n >= len(train) else Split(train.x[:n], train.y[:n], train.norm)
     val = Split(val.x[:bs], val.y[:bs], val.norm)
-    return measure_arms(params, train, val, task, device, task.model_args(data.meta))
+    return train, val, task, device, task.model_args(data.meta)
+
+
+def run(params: Params, data_dir: Path) -> dict[str, Any]:
+    """The speed stage's measurement on the prepared data in ``data_dir`` (``_timed_data``)."""
+    train, val, task, device, contract = _timed_data(params, data_dir)
+    return measure_arms(params, train, val, task, device, contract)
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
