@@ -9,7 +9,12 @@ finite: no overflow for the first-non-finite probe to name.
 
     .venv/bin/dvc exp run -S train.model=examples.offset_model:build -S train.model_code=examples/offset_model.py \
         -S 'train.precisions=[fp32,bf16]'
-    .venv/bin/ampbench sensitivity bf16      # ranks coords.proj first; its -S line keeps it in float32
+    .venv/bin/ampbench sensitivity bf16      # ranks coords first; its -S line keeps it in float32
+    .venv/bin/ampbench fix bf16              # finds ["coords"] with trainings and confirms it on a fresh seed
+
+Two more planted cases for ``ampbench fix``: ``build_two`` places two such layers in a row, so neither alone kept in
+float32 is enough; in ``build_unfixable`` the model's own forward does the matmul on the offset features, outside
+any submodule, so no set of modules helps.
 """
 
 from __future__ import annotations
@@ -39,3 +44,35 @@ def build(input_shape: tuple[int, int, int], num_classes: int, hidden: int = 64,
         flatten=nn.Flatten(), fc1=nn.Linear(c * h * w, hidden), act1=nn.ReLU(), coords=Coordinates(hidden, origin),
         act2=nn.ReLU(), head=nn.Linear(hidden, num_classes),
     ))
+
+
+def build_two(input_shape: tuple[int, int, int], num_classes: int, hidden: int = 64,
+              origin: float = 4096.0) -> nn.Module:
+    """``build`` with a second ``coords`` layer after the first: both must be kept in float32."""
+    c, h, w = input_shape
+    return nn.Sequential(OrderedDict(
+        flatten=nn.Flatten(), fc1=nn.Linear(c * h * w, hidden), act1=nn.ReLU(), coords=Coordinates(hidden, origin),
+        act2=nn.ReLU(), coords2=Coordinates(hidden, origin), act3=nn.ReLU(), head=nn.Linear(hidden, num_classes),
+    ))
+
+
+class Unfixable(nn.Module):
+    """``build``'s model with the offset matmul in its own forward: no submodule holds it, so keeping modules in
+    float32 cannot help."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int, origin: float):
+        super().__init__()
+        self.fc1, self.head = nn.Linear(in_features, hidden), nn.Linear(hidden, num_classes)
+        self.weight = nn.Parameter(torch.randn(hidden, hidden) / hidden ** 0.5)
+        self.origin = origin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x.flatten(1)))
+        z = (h + self.origin) @ self.weight - torch.full_like(h, self.origin) @ self.weight
+        return self.head(torch.relu(z))
+
+
+def build_unfixable(input_shape: tuple[int, int, int], num_classes: int, hidden: int = 64,
+                    origin: float = 4096.0) -> nn.Module:
+    c, h, w = input_shape
+    return Unfixable(c * h * w, num_classes, hidden, origin)

@@ -8,6 +8,7 @@ evaluate stages: fp16 fails, the finder names ``gain``, the activation table ran
 import json
 import re
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 import torch
@@ -376,22 +377,13 @@ def test_the_ranking_names_the_module_whose_fix_removes_the_error():
 def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp_path, mlflow_store, write_params):
     """The issue's case end to end: bf16 trains the offset model to far worse than fp32 with every value finite,
     so the first-non-finite probe has nothing to name; `ampbench sensitivity bf16` ranks ``coords`` first and gives
-    its -S line; with it the bf16 arm is not worse."""
+    its -S line; `ampbench fix bf16` trains it, confirms it not worse on a fresh seed and says what it costs."""
     from ampbench.cli import main as ampbench
 
-    params, data = easy
-    params = {**params, "train": {**params["train"], "model": "examples.offset_model:build",
-                                  "model_code": "examples/offset_model.py", "precisions": ["fp32", "bf16"]}}
-    out, reports = _pipeline(params, data, tmp_path, write_params, "offset")
-    details = json.loads((reports / "details.json").read_text())
-    assert details["bf16"]["not_worse"] != "not worse" and details["bf16"]["delta_accuracy_pp"] < -10, details["bf16"]
-    assert not json.loads((out / "bf16" / "summary.json").read_text())["first_nonfinite"]
-
-    root = tmp_path / "project"  # the layout `dvc repro` leaves: params.yaml, data/prepared, models/
-    (root / "data").mkdir(parents=True)
-    (root / "data" / "prepared").symlink_to(data, target_is_directory=True)
-    (root / "models").symlink_to(out, target_is_directory=True)
-    (root / "params.yaml").write_text((tmp_path / "offset.yaml").read_text())
+    root = _degraded_project(easy, tmp_path, write_params, "build")
+    reports = root / "reports"
+    assert json.loads((reports / "details.json").read_text())["bf16"]["not_worse"] != "not worse"
+    assert not json.loads((root / "models" / "bf16" / "summary.json").read_text())["first_nonfinite"]
     result = CliRunner().invoke(ampbench, ["sensitivity", "bf16", "--root", str(root), "--top", "4"])
     assert result.exit_code == 0, result.output + str(result.exception)
     assert "| coords | Coordinates |" in result.output.splitlines()[4], result.output  # the first row
@@ -409,7 +401,6 @@ def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp
     # `ampbench fix bf16`: the ranking's first module, trained and judged, confirmed on a fresh seed; the -S line.
     import mlflow
 
-    (root / "reports").symlink_to(reports, target_is_directory=True)
     before = (root / "params.yaml").read_bytes()
     found = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])
     assert found.exit_code == 0, found.output + str(found.exception)
@@ -467,3 +458,59 @@ def test_fix_trains_nothing_for_an_arm_already_not_worse(tmp_path):
             **TINY["train"], "precisions": ["fp32", "bf16"], key: value}}))
         bad = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(tmp_path)])
         assert bad.exit_code == 2 and bad.output.startswith(f"error: {said}"), bad.output
+
+
+def _degraded_project(easy, tmp_path, write_params, model: str) -> Path:
+    """A project as `dvc repro` leaves it (params.yaml, data/prepared, models/, reports/) whose bf16 arm trained
+    ``examples.offset_model:<model>`` to far worse than fp32, every value finite."""
+    params, data = easy
+    params = {**params, "train": {**params["train"], "model": f"examples.offset_model:{model}",
+                                  "model_code": "examples/offset_model.py", "precisions": ["fp32", "bf16"]}}
+    out, reports = _pipeline(params, data, tmp_path, write_params, model)
+    assert json.loads((reports / "details.json").read_text())["bf16"]["delta_accuracy_pp"] < -10
+    root = tmp_path / "project"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "prepared").symlink_to(data, target_is_directory=True)
+    (root / "models").symlink_to(out, target_is_directory=True)
+    (root / "reports").symlink_to(reports, target_is_directory=True)
+    (root / "params.yaml").write_text((tmp_path / f"{model}.yaml").read_text())
+    return root
+
+
+def test_fix_keeps_two_modules_when_neither_alone_is_enough(easy, tmp_path, mlflow_store, write_params,
+                                                            monkeypatch):
+    """Two offset layers in a row: keeping either alone leaves the other to lose the signal; the search ends with
+    both, each one's removal tried and failed, confirmed on a fresh seed. Interrupted in its second trial first:
+    that trial's run ends KILLED, params.yaml is as it was, and the rerun goes on from the trials done."""
+    import mlflow
+
+    from ampbench.cli import main as ampbench
+    from ampbench.stages.fix import fix_in_project
+    from conftest import interrupted_at_epoch_log
+
+    root = _degraded_project(easy, tmp_path, write_params, "build_two")
+    before = (root / "params.yaml").read_bytes()
+    interrupted_at_epoch_log(monkeypatch, 3, lambda: fix_in_project("bf16", root, say=lambda line: None))
+    killed = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'KILLED'")
+    assert len(killed) == 1 and killed["tags.precision"][0] == "bf16", killed
+    assert (root / "params.yaml").read_bytes() == before
+    result = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    assert "minimal: removing any one of its modules made the arm fail" in result.output, result.output
+    assert "Confirmed on fresh seeds [1]" in result.output, result.output
+    search = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`ampbench.role` = 'fix'")
+    assert sorted(json.loads(search["tags.fix.modules"][0])) == ["coords", "coords2"], result.output
+    assert search["metrics.fix.trainings"][0] <= 13, result.output  # the default budget: 3 × ⌈log2(11)⌉ + 1
+
+
+def test_fix_says_when_no_set_of_modules_helps(easy, tmp_path, mlflow_store, write_params):
+    """The offset matmul in the model's own forward, outside any submodule: even every candidate kept in float32
+    leaves bf16 worse; the search says so, with the closest set, and confirms nothing."""
+    from ampbench.cli import main as ampbench
+
+    root = _degraded_project(easy, tmp_path, write_params, "build_unfixable")
+    result = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    assert ("No set of modules found: no set helps: with all 2 candidate modules kept in float32 the arm is still "
+            "worse; the closest: ") in result.output, result.output
+    assert "confirmation:" not in result.output and "Adopt it" not in result.output

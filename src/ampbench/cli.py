@@ -246,7 +246,11 @@ def fix(arm: str, root: Path, budget: int | None) -> None:
     (docs/which-part-needs-float32.md). params.yaml and the pipeline's outputs stay as they are."""
     from ampbench.stages.fix import fix_in_project
 
-    fix_in_project(arm, root, budget, say=click.echo)
+    try:
+        fix_in_project(arm, root, budget, say=click.echo)
+    except KeyboardInterrupt as exc:  # an Interrupted says what is kept
+        click.echo(interrupted_line(exc), err=True)
+        raise SystemExit(130) from None
 
 
 @main.group()

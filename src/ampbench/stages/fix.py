@@ -28,8 +28,9 @@ from ampbench.config.arms import BASELINE
 from ampbench.config.layout import MODELS, PREPARED, RESUME, ArmFiles, ReportFiles
 from ampbench.config.params import Params
 from ampbench.config.validation import load_params, validate
-from ampbench.errors import ParamsError
+from ampbench.errors import Interrupted, ParamsError
 from ampbench.report.advice import fix_line
+from ampbench.runtime import signals
 from ampbench.runtime.files import dvc_md5, json_digest, read_json
 from ampbench.runtime.provenance import code_version, run_tags
 from ampbench.stages.evaluate import judge_arm
@@ -72,10 +73,15 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None,
         f"{list(fresh)}; a budget of {budget} trainings of {arm}")
     trials = _Trials(arm, params, root, seeds, say)
     trials.open_search(budget, ranking, fresh)
+    signals.handle_signals_once()  # SIGTERM unwinds like Ctrl-C: the trial's seed run ends KILLED
     try:
         answer = search(ranking, trials, seeds, fresh, budget)
     except ValueError as exc:
         raise ParamsError(str(exc)) from None
+    except KeyboardInterrupt as exc:
+        raise Interrupted(exc.args[0] if exc.args else "SIGINT",
+                          f"the trials done are kept in {trials.folder.relative_to(root)}/ (and the epochs of the one "
+                          f"cut short); rerun `ampbench fix {arm}` with the same options to go on from them") from None
     cost = _cost(arm, params, root, trials, answer) if answer.confirmed else None
     trials.close_search(answer, cost)
     for line in answer_lines(arm, answer, budget, len(fresh)) + (cost_lines(arm, cost) if cost else []):
