@@ -326,12 +326,13 @@ def test_a_replay_of_a_nan_loss_names_the_loss():
 # --- no advice to keep a module in float32 where it cannot help -------------------------------------------------
 
 def _diverged_record(arm: str, culprit: dict) -> tuple[dict, list[str]]:
-    from ampbench.stages.train import _diverged
+    from ampbench.stages.seed_record import diverged_record
 
     logged: list[str] = []
     out = SimpleNamespace(log=logged.append, numerics=lambda *a: None, node=None)
     job = SimpleNamespace(arm=arm, seed=0, policy=resolve_policy(arm, CPU), device=CPU)
-    record = _diverged(job, Diverged("diverged", culprit=culprit), SimpleNamespace(run_id="r", records=[]), out, None)
+    progress = SimpleNamespace(run_id="r", records=[])
+    record = diverged_record(job, Diverged("diverged", culprit=culprit), progress, out, None)
     return record, logged
 
 

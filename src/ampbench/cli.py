@@ -48,6 +48,20 @@ def one_line_errors(fn):
     return wrapper
 
 
+def interrupted_exits_130(fn):
+    """Ctrl-C or SIGTERM ends a long command with one line saying what is kept (an ``Interrupted`` knows) and 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            click.echo(interrupted_line(exc), err=True)
+            raise SystemExit(130) from None
+
+    return wrapper
+
+
 @main.command()
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
               help="Project root holding mlflow.db and mlartifacts/ (the pipeline's default store).")
@@ -76,11 +90,12 @@ def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, wo
     """
     from ampbench import tracking
     from ampbench.config.validation import load_params
+    from ampbench.runtime import server
 
     root = root.resolve()
     name = experiment or load_params(root / "params.yaml").mlflow.experiment
     if not dry_run:
-        port = _free_port(host, port)
+        port = server.free_port(host, port)
     uri, _ = tracking.store_uris(root)
     exp_id = tracking.setup(root, name)
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", str(workers)]
@@ -91,64 +106,8 @@ def ui(root: Path, experiment: str | None, port: int, host: str, wait: float, wo
         click.echo(f"MLflow UI: {link}")
         return
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, "MLFLOW_BACKEND_STORE_URI": uri}
-    _serve(cmd, env, host, port, wait, link, log_path or root / "mlflow-ui.log")
-
-
-def _free_port(host: str, port: int) -> int:
-    """``port`` if it can be bound on ``host`` (one line otherwise, before any server starts); for 0, a port the
-    system picks as free."""
-    import socket
-
-    from ampbench.errors import AmpbenchError
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise AmpbenchError(f"cannot serve on {host}:{port} ({exc.strerror}); choose another --port") from None
-        return probe.getsockname()[1]
-
-
-def _serve(cmd: list[str], env: dict[str, str], host: str, port: int, wait: float, link: str, log: Path) -> None:
-    """Run the server with its output in ``log``; print ``link`` once /health answers; stop it on Ctrl-C or
-    SIGTERM. One-line errors: the server exiting early (with the log's last line), no answer within ``wait`` s.
-
-    The server runs in a process group of its own, and stopping it stops the whole group: `mlflow server` starts
-    uvicorn workers and job consumers (≈ 200 MB each) that outlive their parent when only it is signalled.
-    """
-    import subprocess
-    import time
-    import urllib.request
-
-    from ampbench.errors import AmpbenchError
-    from ampbench.runtime import processes, signals
-
-    signals.handle_signals_once()  # SIGTERM (a supervisor, `kill`) unwinds like Ctrl-C: the server is stopped below
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        server = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + wait
-        while True:
-            if server.poll() is not None:
-                lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-                last = f": {lines[-1].strip()[:300]}" if lines else ""
-                raise AmpbenchError(f"the MLflow server exited with code {server.returncode} before answering "
-                                    f"(its output is in {log}{last})")
-            try:
-                urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AmpbenchError(f"the MLflow server did not answer on {host}:{port} within {wait:g} s; "
-                                        "stopped it") from None
-                time.sleep(0.5)
-        click.echo(f"MLflow UI: {link}  (Ctrl-C stops it; the server's log: {log})")
-        server.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        processes.end_group(server)
+    server.serve(cmd, env, (host, port), wait, log_path or root / "mlflow-ui.log",
+                 lambda log: click.echo(f"MLflow UI: {link}  (Ctrl-C stops it; the server's log: {log})"))
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []}, add_help_option=False)
@@ -198,6 +157,7 @@ def compare(revisions: tuple[str, ...], repo: str, json_out: Path | None) -> Non
 @click.option("-S", "--set", "extra", multiple=True, metavar="KEY=VALUE",
               help="A params setting for every look, as `dvc exp run -S` takes it (repeatable).")
 @one_line_errors
+@interrupted_exits_130
 def decide(root: Path, min_seeds: int, max_seeds: int, spending: str, until: str, first_seed: int,
            extra: tuple[str, ...]) -> None:
     """Train seed by seed until every arm's verdict is decided: one `dvc exp run` per look, from --min-seeds to
@@ -208,11 +168,7 @@ def decide(root: Path, min_seeds: int, max_seeds: int, spending: str, until: str
     if min_seeds > max_seeds:
         raise click.BadParameter(f"{min_seeds} is more than --max-seeds {max_seeds}", param_hint="--min-seeds")
     design = Design(min_seeds, max_seeds, spending, until=until)
-    try:
-        result = run_looks(root.resolve(), design, first_seed, extra, say=click.echo)
-    except KeyboardInterrupt as exc:  # an Interrupted says what is kept
-        click.echo(interrupted_line(exc), err=True)
-        raise SystemExit(130) from None
+    result = run_looks(root.resolve(), design, first_seed, extra, say=click.echo)
     click.echo(f"stopped at look {result.look} with seeds {result.seeds}: reports/report.md; each look in "
                "`dvc exp show`, and in MLflow under the tag sequential.group")
 
@@ -240,17 +196,14 @@ def sensitivity(arm: str, root: Path, seed: int | None, examples: int, top: int)
               help="Trainings of ARM the search may spend, its confirmation's included  [default: 3 × log2(the "
                    "candidates + 1) × train.seeds, plus as many fresh seeds]")
 @one_line_errors
+@interrupted_exits_130
 def fix(arm: str, root: Path, budget: int | None) -> None:
     """Find the modules to keep in float32 so that an autocast ARM is shown not worse than fp32: a search over the
     modules' ranking with trainings judged by the pipeline's verdicts, its answer confirmed on fresh seeds
     (docs/which-part-needs-float32.md). params.yaml and the pipeline's outputs stay as they are."""
     from ampbench.stages.fix import fix_in_project
 
-    try:
-        fix_in_project(arm, root, budget, say=click.echo)
-    except KeyboardInterrupt as exc:  # an Interrupted says what is kept
-        click.echo(interrupted_line(exc), err=True)
-        raise SystemExit(130) from None
+    fix_in_project(arm, root, budget, say=click.echo)
 
 
 @main.group()
@@ -273,6 +226,7 @@ def cluster() -> None:
 @click.option("--retries", type=click.IntRange(0, 20), default=3, show_default=True,
               help="Times a cell runs again after its worker or node was lost.")
 @one_line_errors
+@interrupted_exits_130
 def cluster_repro(address: str, root: Path, cpus: float, gpus: float | None, accelerator_type: str | None,
                   resource: str | None, retries: int) -> None:
     """Run the pipeline with every stale arm × seed cell as a task on the Ray cluster at --address, then record
@@ -285,11 +239,7 @@ def cluster_repro(address: str, root: Path, cpus: float, gpus: float | None, acc
         import torch
 
         gpus = 1.0 if torch.cuda.is_available() else 0.0
-    try:
-        run_grid(root, Options(address, Placement(cpus, gpus, accelerator_type, resource), retries))
-    except KeyboardInterrupt as exc:  # an Interrupted says what was cancelled and what is kept
-        click.echo(interrupted_line(exc), err=True)
-        raise SystemExit(130) from None
+    run_grid(root, Options(address, Placement(cpus, gpus, accelerator_type, resource), retries))
 
 
 @main.command("sync-params")

@@ -9,9 +9,8 @@ callbacks call it: ``lightning.py``, ``hf.py``).
   (``ScalerHealth``, its divergence guard: a collapsing loss scale, a run of skipped steps, or a non-finite loss
   without a scaler stops the seed, recorded as diverged), and the first non-finite module: once a sampled step sees
   skips, the next steps hook every module's output (``NonFiniteFinder``'s hunt, ``ActivationProbe``) until one
-  names it. Healthy steps are never hooked for it: hooking every 10th step added 12% to the Lightning example's
-  step (docs/your-framework.md), so the per-module output ranges and gradient ranges of the pipeline's own loop are
-  not read.
+  names it. Healthy steps are never hooked (every 10th step hooked cost the Lightning example's step 12%), so the
+  per-module output and gradient ranges of the pipeline's own loop are not read.
 - A refusal (``ArmMismatch``, one line naming the user's file and line) when the arm asked for 16-bit compute and
   none ran, or for float32 and 16 bits ran: a framework or a model overriding the flag silently.
 """

@@ -7,6 +7,7 @@
   the report follow that one rule (torch-free).
 - ``provenance``: the code hash and git/DVC revision tags every run records.
 - ``processes``: process identity (for closing dead processes' runs), ``dvc`` watching, process groups.
+- ``server``: a server process of ours (the MLflow UI): its port, its log, the wait for its answer, its stop.
 - ``signals``: how a process of ours ends when told to stop: one line, what is kept, the exit status.
 - ``files``: atomic writes, reports published together, JSON reads that name the bad file.
 - ``console``: progress lines for people, on stderr.

@@ -12,5 +12,7 @@
 - ``evaluate``: the evaluate stage: predict every arm and seed, the verdicts, the reports.
 - ``decide``: ``ampbench decide``: one ``dvc exp run`` per look of a sequential design, until it stops.
 - ``sensitivity``: ``ampbench sensitivity``: the ranking of the modules to keep in float32, on a project's fp32 model.
+- ``fix``: ``ampbench fix``: the search for the modules to keep in float32, its trials trained and judged as the
+  stages do, its confirmation, what the fix costs.
 - ``runs``: what the evaluate stage puts into MLflow (seed runs, the parent run), and logging it.
 """

@@ -21,13 +21,7 @@ from ampbench import tracking
 from ampbench.config.arms import BASELINE
 from ampbench.config.layout import INTERLEAVED, ArmFiles, ReportFiles
 from ampbench.config.params import EvaluateParams, Params
-from ampbench.config.records import (
-    ArmSummary,
-    SpeedResult,
-    check_history,
-    check_speed,
-    check_summary,
-)
+from ampbench.config.records import ArmSummary, SpeedResult, check_history, check_speed, check_summary
 from ampbench.config.validation import validate
 from ampbench.data.prepare import cut_notes, load_prepared
 from ampbench.data.splits import Split

@@ -9,5 +9,7 @@
 - ``quality``: time to fp32's quality: steps to its validation loss × time per step.
 - ``comparison``: an arm against fp32, typed: ``ArmReport`` (its summary.json, metrics, speed, numerics), its
   outcomes, ``PairedStatistics`` (both metrics' intervals and verdicts).
+- ``search``: which modules to keep in float32: growth along a ranking, bisection, elimination, a budget in
+  trainings, the verdict from a confirmation on fresh seeds.
 - ``tables``: comparison.json, speed.json and details.json from the arms' reports.
 """
