@@ -436,6 +436,19 @@ def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp
                           (["bf16", "--budget", "0"], "--budget 0: a trial on the run's 1 seed(s) and its")):
         bad = CliRunner().invoke(ampbench, ["fix", *args, "--root", str(root)])
         assert bad.exit_code == 2 and bad.output.startswith("error: ") and message in bad.output, bad.output
+    # --until equivalent: the same trials (trained once, nothing new) judged by the equivalence verdict, in a search
+    # run of its own; the trials stay under the search that trained them, with both verdicts
+    equivalent = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root), "--until", "equivalent"])
+    assert equivalent.exit_code == 0 and "[bf16] seed" not in equivalent.output, equivalent.output
+    lines = said(equivalent.output)
+    assert lines[1].startswith('trial 1: ["coords"] kept in float32, seeds [0]: equivalent (Δaccuracy '), lines
+    assert lines[4] == "Confirmed on fresh seeds [1]: bf16 with them in float32 is equivalent to fp32. Adopt it:"
+    searches = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`ampbench.role` = 'fix'")
+    assert sorted(searches["tags.fix.goal"]) == ["equivalent", "not worse"], searches
+    assert sorted(searches["tags.fix.confirmation"]) == ["equivalent", "not worse"], searches
+    trials = mlflow.search_runs(search_all_experiments=True,
+                                filter_string=f"tags.`mlflow.parentRunId` = '{search['run_id'][0]}'")
+    assert set(trials["tags.fix.equivalence"].dropna()) == {"equivalent"} and len(trials) == 3, trials
 
 
 def test_fix_trains_nothing_for_an_arm_already_not_worse(tmp_path):

@@ -195,15 +195,18 @@ def sensitivity(arm: str, root: Path, seed: int | None, examples: int, top: int)
 @click.option("--budget", type=int, default=None,
               help="Trainings of ARM the search may spend, its confirmation's included  [default: 3 × log2(the "
                    "candidates + 1) × train.seeds, plus as many fresh seeds]")
+@click.option("--until", type=click.Choice(["not_worse", "equivalent"]), default="not_worse", show_default=True,
+              help="The verdict a trial must reach: not worse than fp32, or equivalent (inside the margin on both "
+                   "sides, as report.md's equivalence verdict).")
 @one_line_errors
 @interrupted_exits_130
-def fix(arm: str, root: Path, budget: int | None) -> None:
-    """Find the modules to keep in float32 so that an autocast ARM is shown not worse than fp32: a search over the
-    modules' ranking with trainings judged by the pipeline's verdicts, its answer confirmed on fresh seeds
-    (docs/which-part-needs-float32.md). params.yaml and the pipeline's outputs stay as they are."""
+def fix(arm: str, root: Path, budget: int | None, until: str) -> None:
+    """Find the modules to keep in float32 so that an autocast ARM is shown not worse than fp32 (or equivalent): a
+    search over the modules' ranking with trainings judged by the pipeline's verdicts, its answer confirmed on fresh
+    seeds (docs/which-part-needs-float32.md). params.yaml and the pipeline's outputs stay as they are."""
     from ampbench.stages.fix import fix_in_project
 
-    fix_in_project(arm, root, budget, say=click.echo)
+    fix_in_project(arm, root, budget, say=click.echo, until=until)
 
 
 @main.group()

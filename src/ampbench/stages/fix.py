@@ -36,14 +36,19 @@ from ampbench.runtime.provenance import code_version, run_tags
 from ampbench.stages.evaluate import judge_arm
 from ampbench.stages.sensitivity import rank_in_project
 from ampbench.stages.train import train_arm
-from ampbench.verdict.search import Answer, Trial, default_budget, search
+from ampbench.verdict.search import NOT_WORSE, Answer, Trial, default_budget, search
+
+EQUIVALENT = "equivalent"
+GOALS = {"not_worse": NOT_WORSE, "equivalent": EQUIVALENT}  # --until: the verdict a trial must reach to pass
 
 
-def fix_in_project(arm: str, root: Path, budget: int | None = None,
-                   say: Callable[[str], None] = print) -> Answer | None:
+def fix_in_project(arm: str, root: Path, budget: int | None = None, say: Callable[[str], None] = print,
+                   until: str = "not_worse") -> Answer | None:
     """Search for the modules to keep in float32 for ``arm`` in the project at ``root`` (see the module docstring),
-    saying each trial and the answer; None, training nothing, when the arm is already not worse. ``budget``: the
-    arm's trainings the search may spend, the confirmation's included (default ``default_budget``)."""
+    saying each trial and the answer; None, training nothing, when the arm already passes. ``budget``: the arm's
+    trainings the search may spend, the confirmation's included (default ``default_budget``); ``until``: the verdict
+    that passes, ``not_worse`` or ``equivalent`` (within the margin on both sides: a set that makes the arm better
+    beyond it does not pass either)."""
     root = root.resolve()
     params = load_params(root / "params.yaml")
     tp = params.train
@@ -55,9 +60,10 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None,
     if tp.fp32_modules:
         raise ParamsError(f"train.fp32_modules is {list(tp.fp32_modules)}: the search chooses it, starting from the "
                           "arm as it is; run it on params without it")
-    now = _verdict(root, arm)
-    if now == "not worse":
-        say(f"{arm} is already not worse than fp32 in this run: nothing to fix, nothing trained")
+    goal = GOALS[until]
+    now = _verdict(root, arm, until)
+    if now == goal:
+        say(f"{arm} is already {_against(goal)} in this run: nothing to fix, nothing trained")
         return None
     if str(root) not in sys.path:  # a model or task of the user's imports from the project, as in the stages
         sys.path.insert(0, str(root))
@@ -70,8 +76,9 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None,
                           f"{len(fresh)} fresh one(s) need at least {len(seeds) + len(fresh)} trainings")
     say(f"{arm}: {now} against fp32 in this run. {len(ranking)} candidate modules ranked on the fp32 model "
         f"(`ampbench sensitivity {arm}`); trials on seeds {list(seeds)}, the confirmation on fresh seeds "
-        f"{list(fresh)}; a budget of {budget} trainings of {arm}")
-    trials = _Trials(arm, params, root, seeds, say)
+        f"{list(fresh)}; a budget of {budget} trainings of {arm}" + ("; a trial passes when equivalent (--until)"
+                                                                     if goal == EQUIVALENT else ""))
+    trials = _Trials(arm, params, root, seeds, say, goal)
     trials.open_search(budget, ranking, fresh)
     signals.handle_signals_once()  # SIGTERM unwinds like Ctrl-C: the trial's seed run ends KILLED
     try:
@@ -119,22 +126,24 @@ def cost_lines(arm: str, cost: dict) -> list[str]:
     return lines
 
 
-def _verdict(root: Path, arm: str) -> str:
-    """The arm's not-worse verdict in the run's reports/comparison.json (ParamsError when it has none)."""
+def _verdict(root: Path, arm: str, until: str) -> str:
+    """The arm's not-worse (or equivalence) verdict in the run's reports/comparison.json (ParamsError when it has
+    none)."""
     path = ReportFiles(root / "reports").comparison
     row = read_json(path, "run the pipeline first (dvc repro)").get(arm) or {}
     if row.get("verdict") == "skipped":
         raise ParamsError(f"{arm} was skipped in this run (reports/report.md says why): nothing trained to fix")
     if "not_worse" not in row:
         raise ParamsError(f"{path}: no verdict for {arm}; run the pipeline first (dvc repro)")
-    return row["not_worse"]
+    return row["verdict" if until == "equivalent" else "not_worse"]
 
 
 class _Trials:
     """The ``judge`` of a search: each trial trained in ``.resume/fix/<arm>/``, judged, said and logged."""
 
-    def __init__(self, arm: str, params: Params, root: Path, seeds: tuple[int, ...], say: Callable[[str], None]):
-        self.arm, self.params, self.root, self.seeds, self.say = arm, params, root, seeds, say
+    def __init__(self, arm: str, params: Params, root: Path, seeds: tuple[int, ...], say: Callable[[str], None],
+                 goal: str):
+        self.arm, self.params, self.root, self.seeds, self.say, self.goal = arm, params, root, seeds, say, goal
         self.folder = root / RESUME / "fix" / arm
         self.data = root / PREPARED
         tp = params.train
@@ -146,10 +155,11 @@ class _Trials:
     def open_search(self, budget: int, ranking: list[str], fresh: tuple[int, ...]) -> None:
         """The search's MLflow run: found again by what the search is (a rerun of it goes on in it), else made."""
         experiment = tracking.setup(self.root, self.params.mlflow.experiment)
-        what = {"arm": self.arm, "seeds": list(self.seeds), "fresh": list(fresh), "budget": budget,
+        what = {"arm": self.arm, "goal": self.goal, "seeds": list(self.seeds), "fresh": list(fresh), "budget": budget,
                 "ranking": ranking, "data": dvc_md5(self.data), "code": self.code, "train": self.params.train.to_dict()}
         self.search_run = tracking.search_parent(
-            experiment, json_digest(what, 24), f"fix {self.arm}", {**self.tags, "fix.arm": self.arm},
+            experiment, json_digest(what, 24), f"fix {self.arm}",
+            {**self.tags, "fix.arm": self.arm, "fix.goal": self.goal},
             {"fix.budget": str(budget), "fix.seeds": json.dumps(list(self.seeds)), "fix.fresh": json.dumps(list(fresh)),
              "fix.candidates": str(len(ranking))})
 
@@ -184,10 +194,12 @@ class _Trials:
         if not link.exists():
             link.symlink_to(fp32, target_is_directory=True)
         stats = judge_arm(params, self.data, folder, self.arm)
-        trial = _trial(modules, seeds, stats)
+        trial = _trial(modules, seeds, stats, self.goal)
         self.count += 1
-        if execution:
-            tracking.log_to(execution, {}, {"fix.verdict": trial.verdict, "mlflow.parentRunId": self.search_run})
+        if execution:  # a trial another search (the other --until) trained stays under that search's run
+            tags = {"fix.verdict" if self.goal == NOT_WORSE else "fix.equivalence": trial.verdict}
+            tracking.log_to(execution, {}, tags if tracking.parent_of(execution) else
+                            {**tags, "mlflow.parentRunId": self.search_run})
         what = "confirmation" if confirming else f"trial {self.count}"
         self.say(f"{what}: {json.dumps(list(modules))} kept in float32, seeds {list(seeds)}: {trial.verdict}"
                  + (f" ({_interval(stats)})" if not isinstance(stats, str) else f" ({stats})"))
@@ -217,7 +229,7 @@ class _Trials:
         """fp32 trained on the confirmation's seeds (once)."""
         folder = self.folder / json_digest({"fp32": list(seeds)}, 12)
         execution = self._train(BASELINE, self._params(BASELINE, (), seeds), folder, (), "confirmation")
-        if execution:
+        if execution and not tracking.parent_of(execution):
             tracking.log_to(execution, {}, {"mlflow.parentRunId": self.search_run})
         return folder / BASELINE
 
@@ -229,15 +241,15 @@ def _finished(files: ArmFiles, seeds: list[int]) -> bool:
     return summary.get("skipped") is not None or all(str(s) in (summary.get("seeds") or {}) for s in seeds)
 
 
-def _trial(modules: tuple[str, ...], seeds: tuple[int, ...], stats) -> Trial:
+def _trial(modules: tuple[str, ...], seeds: tuple[int, ...], stats, goal: str) -> Trial:
     """A judged trial; its interval oriented so that higher is better (a loss difference negated)."""
     if isinstance(stats, str):
-        return Trial(modules, seeds, "diverged" if stats.startswith("diverged") else "skipped")
+        return Trial(modules, seeds, "diverged" if stats.startswith("diverged") else "skipped", goal=goal)
     v = stats.decided
     lo, hi = v.interval.ci_low, v.interval.ci_high
     if stats.deciding == "loss" and lo is not None:
         lo, hi = -hi, -lo
-    return Trial(modules, seeds, v.not_worse, lo, hi)
+    return Trial(modules, seeds, v.verdict if goal == EQUIVALENT else v.not_worse, lo, hi, goal)
 
 
 def _interval(stats) -> str:
@@ -252,6 +264,10 @@ def _interval(stats) -> str:
     return shown + (f", one-sided bound {bound:+.{digits}f}{unit}" if bound is not None else "")
 
 
+def _against(goal: str) -> str:
+    return "not worse than fp32" if goal == NOT_WORSE else "equivalent to fp32"
+
+
 def answer_lines(arm: str, answer: Answer, budget: int, fresh: int) -> list[str]:
     """What the search found, in words, with the -S line to adopt when the confirmation says not worse."""
     spent = f"{answer.spent} of {budget} trainings of {arm} spent (and {fresh} of fp32 on the fresh seeds)"
@@ -264,7 +280,7 @@ def answer_lines(arm: str, answer: Answer, budget: int, fresh: int) -> list[str]
     lines = [f"The search ended with {json.dumps(list(answer.modules))}, {answer.stopped}. {spent}."]
     conf = answer.confirmation
     if answer.confirmed:
-        lines += [f"Confirmed on fresh seeds {list(conf.seeds)}: {arm} with them in float32 is not worse than fp32. "
+        lines += [f"Confirmed on fresh seeds {list(conf.seeds)}: {arm} with them in float32 is {_against(conf.goal)}. "
                   "Adopt it:", f"  {fix_line(list(answer.modules))}"]
     else:
         lines += [f"Not confirmed: on fresh seeds {list(conf.seeds)} it is {conf.verdict}, so no fix is reported (the "

@@ -33,18 +33,19 @@ NOT_WORSE = "not worse"
 @dataclass(frozen=True)
 class Trial:
     """One training of the arm with ``modules`` kept in float32 on ``seeds``, judged against fp32 on the same seeds
-    (``verdict``: the pipeline's not-worse verdict; ``low``/``high``: its interval on the difference, None when it
-    has none)."""
+    (``verdict``: the pipeline's verdict the search asks for, ``goal`` the one that passes: *not worse*, or
+    *equivalent* where asked; ``low``/``high``: its interval on the difference, None when it has none)."""
 
     modules: tuple[str, ...]
     seeds: tuple[int, ...]
     verdict: str
     low: float | None = None
     high: float | None = None
+    goal: str = NOT_WORSE
 
     @property
     def passed(self) -> bool:
-        return self.verdict == NOT_WORSE
+        return self.verdict == self.goal
 
 
 Judge = Callable[[tuple[str, ...], tuple[int, ...]], Trial]
@@ -114,8 +115,9 @@ class _State:
 def search(ranking: list[str], judge: Judge, seeds: tuple[int, ...], fresh: tuple[int, ...],
            budget: int) -> Answer:
     """Search ``ranking`` (candidate modules, most promising first) for a set to keep in float32 under which the
-    arm is not worse (see the module docstring); ``seeds`` for the search's trials, ``fresh`` (none of them) for
-    the confirmation; ``budget`` in trainings. ValueError for what no search can run on."""
+    arm's trials pass (not worse, or equivalent: the judge's ``Trial.goal``; see the module docstring); ``seeds``
+    for the search's trials, ``fresh`` (none of them) for the confirmation; ``budget`` in trainings. ValueError for
+    what no search can run on."""
     if not ranking:
         raise ValueError("no candidate module to keep in float32")
     if not seeds or not fresh or set(seeds) & set(fresh):
