@@ -419,8 +419,16 @@ def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp
     assert lines[7] == ("The modules kept in float32 take 69.6% of bf16's matmul and convolution FLOPs (one training "
                         "step counted by dtype)."), lines[7]
     assert (root / "params.yaml").read_bytes() == before
+    assert lines[8] == "The search's record: reports/fix/bf16.md (and on its MLflow run)", lines
+    record = (reports / "fix" / "bf16.md").read_text()  # what was ranked, what was tried, why it stopped
+    assert record.startswith("# Which part of bf16 needs float32\n\nbf16: "), record
+    for part in ("## Ranked", "| coords | Coordinates |", "## Tried", f"- {lines[1]}\n- {lines[2]}\n",
+                 f"## Why it stopped, and the answer\n\n{lines[3]}\n", lines[5], lines[7]):
+        assert part in record, (part, record)
     search = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`ampbench.role` = 'fix'")
     assert len(search) == 1 and search["tags.fix.modules"][0] == '["coords"]'
+    artifacts = mlflow.artifacts.download_artifacts(run_id=search["run_id"][0], dst_path=str(tmp_path / "got"))
+    assert (Path(artifacts) / "bf16.md").read_text() == record
     assert search["tags.fix.confirmation"][0] == "not worse" and search["tags.fix.minimal"][0] == "true"
     trials = mlflow.search_runs(search_all_experiments=True,
                                 filter_string=f"tags.`mlflow.parentRunId` = '{search['run_id'][0]}'")
@@ -443,6 +451,8 @@ def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp
     lines = said(equivalent.output)
     assert lines[1].startswith('trial 1: ["coords"] kept in float32, seeds [0]: equivalent (Δaccuracy '), lines
     assert lines[4] == "Confirmed on fresh seeds [1]: bf16 with them in float32 is equivalent to fp32. Adopt it:"
+    assert "is equivalent to fp32" in (reports / "fix" / "bf16.equivalent.md").read_text()
+    assert "is not worse than fp32" in (reports / "fix" / "bf16.md").read_text()  # the not-worse search's stays
     searches = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`ampbench.role` = 'fix'")
     assert sorted(searches["tags.fix.goal"]) == ["equivalent", "not worse"], searches
     assert sorted(searches["tags.fix.confirmation"]) == ["equivalent", "not worse"], searches

@@ -10,5 +10,6 @@ across DVC experiments.
 - ``plots``: the DVC plot rows (curves.json, quality.json).
 - ``figures``: the PNG figures.
 - ``experiments``: ``ampbench compare``: what changed in params and results across DVC experiments.
+- ``fix``: what ``ampbench fix`` says: its answer, the fix's cost, the search's record (reports/fix/<arm>.md).
 - ``size``: what a request far larger than the default is told while it trains: its plan, its estimated time.
 """

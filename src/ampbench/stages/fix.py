@@ -19,7 +19,6 @@ It reads what `dvc repro` left (params.yaml, data/prepared, models/, reports/com
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -29,12 +28,12 @@ from ampbench.config.layout import MODELS, PREPARED, RESUME, ArmFiles, ReportFil
 from ampbench.config.params import Params
 from ampbench.config.validation import load_params, validate
 from ampbench.errors import Interrupted, ParamsError
-from ampbench.report.advice import fix_line
+from ampbench.report.fix import against, answer_lines, cost_lines, record
 from ampbench.runtime import signals
-from ampbench.runtime.files import dvc_md5, json_digest, read_json
+from ampbench.runtime.files import atomic_write_text, dvc_md5, json_digest, read_json
 from ampbench.runtime.provenance import code_version, run_tags
 from ampbench.stages.evaluate import judge_arm
-from ampbench.stages.sensitivity import rank_in_project
+from ampbench.stages.sensitivity import rank_in_project, ranking_lines
 from ampbench.stages.train import train_arm
 from ampbench.verdict.search import NOT_WORSE, Answer, Trial, default_budget, search
 
@@ -52,32 +51,25 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None, say: Callabl
     root = root.resolve()
     params = load_params(root / "params.yaml")
     tp = params.train
-    if arm == BASELINE or arm not in tp.precisions:
-        raise ParamsError(f"{arm!r}: not an arm of this run to fix against fp32 (train.precisions: {tp.precisions})")
-    if tp.framework != "ampbench":
-        raise ParamsError(f"train.framework: {tp.framework}: `ampbench fix` searches jobs the pipeline's own loop "
-                          "trains; a framework's job is not searched yet")
-    if tp.fp32_modules:
-        raise ParamsError(f"train.fp32_modules is {list(tp.fp32_modules)}: the search chooses it, starting from the "
-                          "arm as it is; run it on params without it")
+    _searchable(arm, params)
     goal = GOALS[until]
     now = _verdict(root, arm, until)
     if now == goal:
-        say(f"{arm} is already {_against(goal)} in this run: nothing to fix, nothing trained")
+        say(f"{arm} is already {against(goal)} in this run: nothing to fix, nothing trained")
         return None
-    if str(root) not in sys.path:  # a model or task of the user's imports from the project, as in the stages
-        sys.path.insert(0, str(root))
-    ranking = [m.module for m in rank_in_project(arm, root).modules]
+    ranked = rank_in_project(arm, root)  # a model or task of the user's imports from root from here on
+    ranking = [m.module for m in ranked.modules]
     seeds = tuple(tp.seeds)
     fresh = tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds)))
     budget = default_budget(len(ranking), len(seeds), len(fresh)) if budget is None else budget
     if budget < len(seeds) + len(fresh):
         raise ParamsError(f"--budget {budget}: a trial on the run's {len(seeds)} seed(s) and its confirmation on "
                           f"{len(fresh)} fresh one(s) need at least {len(seeds) + len(fresh)} trainings")
-    say(f"{arm}: {now} against fp32 in this run. {len(ranking)} candidate modules ranked on the fp32 model "
-        f"(`ampbench sensitivity {arm}`); trials on seeds {list(seeds)}, the confirmation on fresh seeds "
-        f"{list(fresh)}; a budget of {budget} trainings of {arm}" + ("; a trial passes when equivalent (--until)"
-                                                                     if goal == EQUIVALENT else ""))
+    opening = (f"{arm}: {now} against fp32 in this run. {len(ranking)} candidate modules ranked on the fp32 model "
+               f"(`ampbench sensitivity {arm}`); trials on seeds {list(seeds)}, the confirmation on fresh seeds "
+               f"{list(fresh)}; a budget of {budget} trainings of {arm}" + ("; a trial passes when equivalent "
+                                                                            "(--until)" if goal == EQUIVALENT else ""))
+    say(opening)
     trials = _Trials(arm, params, root, seeds, say, goal)
     trials.open_search(budget, ranking, fresh)
     signals.handle_signals_once()  # SIGTERM unwinds like Ctrl-C: the trial's seed run ends KILLED
@@ -90,10 +82,28 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None, say: Callabl
                           f"the trials done are kept in {trials.folder.relative_to(root)}/ (and the epochs of the one "
                           f"cut short); rerun `ampbench fix {arm}` with the same options to go on from them") from None
     cost = _cost(arm, params, root, trials, answer) if answer.confirmed else None
-    trials.close_search(answer, cost)
-    for line in answer_lines(arm, answer, budget, len(fresh)) + (cost_lines(arm, cost) if cost else []):
+    said = answer_lines(arm, answer, budget, len(fresh)) + (cost_lines(arm, cost) if cost else [])
+    for line in said:
         say(line)
+    path = root / "reports" / "fix" / (f"{arm}.md" if goal == NOT_WORSE else f"{arm}.{until}.md")
+    atomic_write_text(path, record(arm, opening, ranking_lines(ranked, 10), trials.tried, said))
+    trials.close_search(answer, cost, path)
+    say(f"The search's record: {path.relative_to(root)} (and on its MLflow run)")
     return answer
+
+
+def _searchable(arm: str, params: Params) -> None:
+    """ParamsError for what the search does not take: an arm not in the run (or fp32), a framework's job, params
+    that already keep modules in float32."""
+    tp = params.train
+    if arm == BASELINE or arm not in tp.precisions:
+        raise ParamsError(f"{arm!r}: not an arm of this run to fix against fp32 (train.precisions: {tp.precisions})")
+    if tp.framework != "ampbench":
+        raise ParamsError(f"train.framework: {tp.framework}: `ampbench fix` searches jobs the pipeline's own loop "
+                          "trains; a framework's job is not searched yet")
+    if tp.fp32_modules:
+        raise ParamsError(f"train.fp32_modules is {list(tp.fp32_modules)}: the search chooses it, starting from the "
+                          "arm as it is; run it on params without it")
 
 
 def _cost(arm: str, params: Params, root: Path, trials: _Trials, answer: Answer) -> dict:
@@ -108,22 +118,6 @@ def _cost(arm: str, params: Params, root: Path, trials: _Trials, answer: Answer)
     shares = before.get("low_precision_share"), after.get("low_precision_share")
     return {"speed": {"as it was": speed[arm], "with the fix": speed[FIXED.format(arm=arm)]},
             "kept_flops_share": shares[0] - shares[1] if None not in shares else None}
-
-
-def cost_lines(arm: str, cost: dict) -> list[str]:
-    """The fix's cost in words."""
-    def x(row: dict) -> str:
-        if row.get("speedup_vs_fp32") is None:
-            return "n/a"
-        low, high = row["speedup_vs_fp32_ci"]
-        return f"{row['speedup_vs_fp32']:.2f}× [{low:.2f}, {high:.2f}]" + (" unstable" if row["unstable"] else "")
-    speed = cost["speed"]
-    lines = [f"Speed × fp32, timed together (speed.* sizes): {arm} as it was {x(speed['as it was'])}, with the fix "
-             f"{x(speed['with the fix'])}."]
-    if cost["kept_flops_share"] is not None:
-        lines.append(f"The modules kept in float32 take {100 * cost['kept_flops_share']:.1f}% of {arm}'s matmul and "
-                     "convolution FLOPs (one training step counted by dtype).")
-    return lines
 
 
 def _verdict(root: Path, arm: str, until: str) -> str:
@@ -150,6 +144,7 @@ class _Trials:
         self.code = code_version(root, tp.model_code, tp.task_code)
         self.tags = run_tags(root)
         self.count = 0
+        self.tried: list[str] = []  # each trial's line, as said
         self.search_run: str | None = None
 
     def open_search(self, budget: int, ranking: list[str], fresh: tuple[int, ...]) -> None:
@@ -163,8 +158,8 @@ class _Trials:
             {"fix.budget": str(budget), "fix.seeds": json.dumps(list(self.seeds)), "fix.fresh": json.dumps(list(fresh)),
              "fix.candidates": str(len(ranking))})
 
-    def close_search(self, answer: Answer, cost: dict | None) -> None:
-        """The answer (and what the fix costs) onto the search's run."""
+    def close_search(self, answer: Answer, cost: dict | None, record: Path) -> None:
+        """The answer (and what the fix costs) onto the search's run, its record as an artifact."""
         conf = answer.confirmation
         tags = {"fix.modules": json.dumps(list(answer.modules)) if answer.modules else "none",
                 "fix.minimal": str(answer.minimal).lower(), "fix.stopped": answer.stopped,
@@ -175,7 +170,7 @@ class _Trials:
                             for key, row in cost["speed"].items() if row.get("speedup_vs_fp32") is not None})
             if cost["kept_flops_share"] is not None:
                 metrics["fix.kept_flops_share"] = cost["kept_flops_share"]
-        tracking.log_to(self.search_run, metrics, tags)
+        tracking.log_to(self.search_run, metrics, tags, artifacts=[record])
 
     def summary(self, trial: Trial) -> dict:
         """The summary.json of ``trial``'s arm."""
@@ -201,8 +196,10 @@ class _Trials:
             tracking.log_to(execution, {}, tags if tracking.parent_of(execution) else
                             {**tags, "mlflow.parentRunId": self.search_run})
         what = "confirmation" if confirming else f"trial {self.count}"
-        self.say(f"{what}: {json.dumps(list(modules))} kept in float32, seeds {list(seeds)}: {trial.verdict}"
-                 + (f" ({_interval(stats)})" if not isinstance(stats, str) else f" ({stats})"))
+        self.tried.append(f"{what}: {json.dumps(list(modules))} kept in float32, seeds {list(seeds)}: "
+                          f"{trial.verdict}" + (f" ({_interval(stats)})" if not isinstance(stats, str) else
+                                                f" ({stats})"))
+        self.say(self.tried[-1])
         return trial
 
     def _params(self, arm: str, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Params:
@@ -262,27 +259,3 @@ def _interval(stats) -> str:
         mean, bound, unit, digits = v.interval.mean, v.bound, " nats", 4
     shown = f"Δ{stats.deciding} {mean:+.{digits}f}{unit}"
     return shown + (f", one-sided bound {bound:+.{digits}f}{unit}" if bound is not None else "")
-
-
-def _against(goal: str) -> str:
-    return "not worse than fp32" if goal == NOT_WORSE else "equivalent to fp32"
-
-
-def answer_lines(arm: str, answer: Answer, budget: int, fresh: int) -> list[str]:
-    """What the search found, in words, with the -S line to adopt when the confirmation says not worse."""
-    spent = f"{answer.spent} of {budget} trainings of {arm} spent (and {fresh} of fp32 on the fresh seeds)"
-    if answer.modules is None:
-        best = answer.best
-        closest = (f"; the closest: {json.dumps(list(best.modules))} kept in float32 ({best.verdict})"
-                   if best is not None else "")
-        return [f"No set of modules found: {answer.stopped}{closest}. {spent}.",
-                f"Stay on fp32 for what {arm} would train, or try another arm."]
-    lines = [f"The search ended with {json.dumps(list(answer.modules))}, {answer.stopped}. {spent}."]
-    conf = answer.confirmation
-    if answer.confirmed:
-        lines += [f"Confirmed on fresh seeds {list(conf.seeds)}: {arm} with them in float32 is {_against(conf.goal)}. "
-                  "Adopt it:", f"  {fix_line(list(answer.modules))}"]
-    else:
-        lines += [f"Not confirmed: on fresh seeds {list(conf.seeds)} it is {conf.verdict}, so no fix is reported (the "
-                  "search's pass may have been luck among its trials); more seeds (train.seeds) give both more power"]
-    return lines

@@ -1,0 +1,58 @@
+"""What ``ampbench fix`` says: the answer and its ``-S`` line, what the fix costs, and the search's record
+(reports/fix/<arm>.md and the search's MLflow run): what was ranked, what was tried, why it stopped."""
+
+from __future__ import annotations
+
+import json
+
+from ampbench.report.advice import fix_line
+from ampbench.verdict.search import NOT_WORSE, Answer
+
+
+def cost_lines(arm: str, cost: dict) -> list[str]:
+    """The fix's cost in words."""
+    def x(row: dict) -> str:
+        if row.get("speedup_vs_fp32") is None:
+            return "n/a"
+        low, high = row["speedup_vs_fp32_ci"]
+        return f"{row['speedup_vs_fp32']:.2f}× [{low:.2f}, {high:.2f}]" + (" unstable" if row["unstable"] else "")
+    speed = cost["speed"]
+    lines = [f"Speed × fp32, timed together (speed.* sizes): {arm} as it was {x(speed['as it was'])}, with the fix "
+             f"{x(speed['with the fix'])}."]
+    if cost["kept_flops_share"] is not None:
+        lines.append(f"The modules kept in float32 take {100 * cost['kept_flops_share']:.1f}% of {arm}'s matmul and "
+                     "convolution FLOPs (one training step counted by dtype).")
+    return lines
+
+
+def against(goal: str) -> str:
+    """The verdict asked for, against fp32, in words."""
+    return "not worse than fp32" if goal == NOT_WORSE else "equivalent to fp32"
+
+
+def answer_lines(arm: str, answer: Answer, budget: int, fresh: int) -> list[str]:
+    """What the search found, in words, with the -S line to adopt when the confirmation says not worse."""
+    spent = f"{answer.spent} of {budget} trainings of {arm} spent (and {fresh} of fp32 on the fresh seeds)"
+    if answer.modules is None:
+        best = answer.best
+        closest = (f"; the closest: {json.dumps(list(best.modules))} kept in float32 ({best.verdict})"
+                   if best is not None else "")
+        return [f"No set of modules found: {answer.stopped}{closest}. {spent}.",
+                f"Stay on fp32 for what {arm} would train, or try another arm."]
+    lines = [f"The search ended with {json.dumps(list(answer.modules))}, {answer.stopped}. {spent}."]
+    conf = answer.confirmation
+    if answer.confirmed:
+        lines += [f"Confirmed on fresh seeds {list(conf.seeds)}: {arm} with them in float32 is {against(conf.goal)}. "
+                  "Adopt it:", f"  {fix_line(list(answer.modules))}"]
+    else:
+        lines += [f"Not confirmed: on fresh seeds {list(conf.seeds)} it is {conf.verdict}, so no fix is reported (the "
+                  "search's pass may have been luck among its trials); more seeds (train.seeds) give both more power"]
+    return lines
+
+
+def record(arm: str, opening: str, ranking: list[str], tried: list[str], said: list[str]) -> str:
+    """The search's record in Markdown: ``opening`` (the run, the seeds, the budget), the ranking's table, each
+    trial's line as it was said, and the answer's lines (``said``: answer and cost)."""
+    return "\n".join([f"# Which part of {arm} needs float32", "", opening, "", "## Ranked", "", *ranking, "",
+                      "## Tried", "", *[f"- {line}" for line in tried], "", "## Why it stopped, and the answer", "",
+                      *said, ""])
