@@ -524,6 +524,17 @@ def test_fix_keeps_two_modules_when_neither_alone_is_enough(easy, tmp_path, mlfl
     search = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`ampbench.role` = 'fix'")
     assert sorted(json.loads(search["tags.fix.modules"][0])) == ["coords", "coords2"], result.output
     assert search["metrics.fix.trainings"][0] <= 13, result.output  # the default budget: 3 × ⌈log2(11)⌉ + 1
+    # a trial is reused only for the same run: after `dvc exp run -S train.model=…:build` the same set on the same
+    # seeds is another training (found benchmarking: build's ["coords"] trials were reused for build_two)
+    from ampbench.config.validation import load_params, validate
+    from ampbench.stages.fix import _Trials
+
+    params = load_params(root / "params.yaml")
+    other = params.to_dict()
+    other["train"]["model"] = "examples.offset_model:build"
+    folders = [_Trials("bf16", p, root, (0,), print, "not worse")._folder(("coords",), (0,))
+               for p in (params, load_params(root / "params.yaml"), validate(other))]
+    assert folders[0] == folders[1] != folders[2], folders
 
 
 def test_fix_says_when_no_set_of_modules_helps(easy, tmp_path, mlflow_store, write_params):

@@ -142,6 +142,8 @@ class _Trials:
         self.data = root / PREPARED
         tp = params.train
         self.code = code_version(root, tp.model_code, tp.task_code)
+        # what a trial's training depends on besides its set and seeds: a trial is reused only for the same run
+        self.run = {"data": dvc_md5(self.data), "code": self.code, "train": tp.to_dict()}
         self.tags = run_tags(root)
         self.count = 0
         self.tried: list[str] = []  # each trial's line, as said
@@ -151,7 +153,7 @@ class _Trials:
         """The search's MLflow run: found again by what the search is (a rerun of it goes on in it), else made."""
         experiment = tracking.setup(self.root, self.params.mlflow.experiment)
         what = {"arm": self.arm, "goal": self.goal, "seeds": list(self.seeds), "fresh": list(fresh), "budget": budget,
-                "ranking": ranking, "data": dvc_md5(self.data), "code": self.code, "train": self.params.train.to_dict()}
+                "ranking": ranking, **self.run}
         self.search_run = tracking.search_parent(
             experiment, json_digest(what, 24), f"fix {self.arm}",
             {**self.tags, "fix.arm": self.arm, "fix.goal": self.goal},
@@ -177,7 +179,7 @@ class _Trials:
         return read_json(ArmFiles(self._folder(trial.modules, trial.seeds) / self.arm).summary, "")
 
     def _folder(self, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Path:
-        return self.folder / json_digest({"modules": sorted(modules), "seeds": list(seeds)}, 12)
+        return self.folder / json_digest({**self.run, "modules": sorted(modules), "seeds": list(seeds)}, 12)
 
     def __call__(self, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Trial:
         confirming = seeds != self.seeds
@@ -224,7 +226,7 @@ class _Trials:
 
     def _fresh_fp32(self, seeds: tuple[int, ...]) -> Path:
         """fp32 trained on the confirmation's seeds (once)."""
-        folder = self.folder / json_digest({"fp32": list(seeds)}, 12)
+        folder = self.folder / json_digest({**self.run, "fp32": list(seeds)}, 12)
         execution = self._train(BASELINE, self._params(BASELINE, (), seeds), folder, (), "confirmation")
         if execution and not tracking.parent_of(execution):
             tracking.log_to(execution, {}, {"mlflow.parentRunId": self.search_run})
