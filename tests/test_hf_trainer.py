@@ -95,8 +95,8 @@ def test_dvc_exp_run_measures_the_trainer_job(tmp_path, tiny_params):
     sets = [f"prepare.dataset={EXAMPLE}:build", "prepare.dataset_code=examples", "prepare.max_train=null",
             "train.framework=hf_trainer", "train.task=language_model", f"train.model={EXAMPLE}:build",
             "train.model_code=examples", "+train.model_args.n_embd=32", "+train.model_args.n_layer=1",
-            "train.precisions=[fp32,fp16,bf16]", "train.seeds=[0]", "train.epochs=1", "speed.rounds=3",
-            "speed.steps=6", "speed.window=2", "speed.warmup_steps=1", "speed.seconds_per_arm=3.0"]
+            "train.precisions=[fp32,fp16,bf16]", "train.seeds=[0]", "train.epochs=1", "speed.rounds=2",
+            "speed.steps=4", "speed.window=2", "speed.warmup_steps=1", "speed.seconds_per_arm=1.5"]
     run_ok([str(repo / ".venv" / "bin" / "dvc"), "exp", "run", *[a for s in sets for a in ("-S", s)]], repo, env)
     report = (repo / "reports" / "report.md").read_text()
     rows: dict[str, str] = {}  # each arm's row in the summary table (the report's first)

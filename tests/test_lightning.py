@@ -284,8 +284,8 @@ def test_dvc_exp_run_measures_the_lightning_job(tmp_path, tiny_params):
     sets = [f"prepare.dataset={EXAMPLE}:DigitsData", "prepare.dataset_code=examples", "prepare.max_train=null",
             "train.framework=lightning", f"train.model={EXAMPLE}:DigitsClassifier", "train.model_code=examples",
             "+train.model_args.channels=4", "train.precisions=[fp32,fp16,bf16]", "train.seeds=[0]",
-            "train.epochs=2", "speed.rounds=3", "speed.steps=8", "speed.window=3", "speed.warmup_steps=2",
-            "speed.seconds_per_arm=3.0"]
+            "train.epochs=2", "speed.rounds=2", "speed.steps=6", "speed.window=3", "speed.warmup_steps=1",
+            "speed.seconds_per_arm=1.5"]
     run_ok([str(repo / ".venv" / "bin" / "dvc"), "exp", "run", *[a for s in sets for a in ("-S", s)]], repo, env)
     report = (repo / "reports" / "report.md").read_text()
     for arm in ("fp16", "bf16"):
