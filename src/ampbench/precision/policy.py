@@ -176,10 +176,10 @@ def float32_matches(model: torch.nn.Module, patterns: tuple[str, ...] | list[str
 def keep_float32(model: torch.nn.Module, names: list[str], device_type: str, param_dtype: torch.dtype) -> None:
     """Run the modules ``names`` outside autocast, on float32 inputs, with float32 weights: the standard fix for a
     layer that overflows (or loses too much) in 16 bits. Their outputs stay float32 under autocast (the next
-    autocast op casts what it needs) and go back to ``param_dtype`` for the *_pure ablations. Each module's
-    ``forward`` is wrapped on the instance (a ``with torch.autocast(enabled=False)`` block, which torch.compile
-    traces; hooks entering the context by hand do not compile), so structure and state_dict keys do not change;
-    ``without_float32`` takes the wrappers off again."""
+    autocast op casts what it needs) and, for the *_pure ablations, go back to the dtype their input came in. Each
+    module's ``forward`` is wrapped on the instance (a ``with torch.autocast(enabled=False)`` block, which
+    torch.compile traces; hooks entering the context by hand do not compile), so structure and state_dict keys do
+    not change; ``without_float32`` takes the wrappers off again."""
     for name in names:
         module = model.get_submodule(name)
         if "_ampbench_float32" in module.__dict__:
@@ -197,8 +197,12 @@ def _float32_forward(self: torch.nn.Module, *args, **kwargs):
         out = type(self).forward(self, *[floating(a) for a in args], **{k: floating(v) for k, v in kwargs.items()})
     if param_dtype == torch.float32:
         return out
+    # Back to what the model around it computes in: the dtype its floating input came in (16 bits in the arm; float32
+    # once the model is .float()ed, as the evaluate stage runs the arm's weights in strict fp32), else the arm's.
+    back = next((a.dtype for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()),
+                param_dtype)
     return torch.utils._pytree.tree_map(
-        lambda t: t.to(param_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+        lambda t: t.to(back) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
 
 
 def without_float32(model: torch.nn.Module) -> torch.nn.Module:
