@@ -239,6 +239,8 @@ def test_islands_work_for_pure_16_bit_weights_too():
     assert model.norm.weight.dtype == torch.float32 and model.head.weight.dtype == torch.float16
     out = model(policy.cast_input(torch.randn(3, 1, 4, 4)))
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    # its weights in strict fp32, as the evaluate stage runs them: the islands return float32 to float32 layers
+    assert model.float()(torch.randn(3, 1, 4, 4)).dtype == torch.float32
     assert policy.describe()["fp32_modules"] == "gain,norm"
     assert resolve_policy("fp32", CPU, ["gain"]).describe()["fp32_modules"] == "none"  # nothing 16-bit to keep
 
@@ -370,8 +372,19 @@ def test_the_ranking_names_the_module_whose_fix_removes_the_error():
     overflow = rank(build((1, 8, 8), 10), resolve_policy("fp16", CPU), inputs, CLASSIFICATION)
     assert overflow.arm_error == float("inf") and {m.module for m in overflow.modules[:2]} == {"gain", "fc2"}
     assert all(m.kept == float("inf") for m in overflow.modules[2:]), overflow
-    with pytest.raises(ParamsError, match="bf16_pure: the ranking measures autocast arms"):
-        rank(build((1, 8, 8), 10), resolve_policy("bf16_pure", CPU), inputs, CLASSIFICATION)
+    # The arms that change the model, ranked on copies prepared as the train stage prepares them: 16-bit weights
+    # (coords' float32 island), torchao's float8 layers under bf16 autocast (coords kept out of float8 as well)
+    for arm, left in (("bf16_pure", 0.02), ("fp8_tensorwise", 0.1)):  # float8's rounding of fc1 stays
+        model = offset_model((1, 8, 8), 10)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        r = rank(model, resolve_policy(arm, CPU), inputs, CLASSIFICATION)
+        assert r.modules[0].module == "coords" and r.modules[0].kept < left * r.arm_error, (arm, r)
+        assert r.arm_error > 0.5 and all(m.kept > 0.5 * r.arm_error for m in r.modules[1:]), (arm, r)
+        assert all(m.alone != m.alone for m in r.modules)  # not measured for these arms: NaN
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the model as it was
+        assert type(model.coords.proj) is torch.nn.Linear and "forward" not in model.coords.__dict__
+    with pytest.raises(ParamsError, match="fp32 computes in float32: no module of it to keep in float32"):
+        rank(build((1, 8, 8), 10), resolve_policy("fp32", CPU), inputs, CLASSIFICATION)
 
 
 def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp_path, mlflow_store, write_params):
@@ -481,6 +494,12 @@ def test_fix_trains_nothing_for_an_arm_already_not_worse(tmp_path):
             **TINY["train"], "precisions": ["fp32", "bf16"], key: value}}))
         bad = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(tmp_path)])
         assert bad.exit_code == 2 and bad.output.startswith(f"error: {said}"), bad.output
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"],
+                                                                             "precisions": ["fp32", "bf16_sr"]}}))
+    for command in ("fix", "sensitivity"):  # its optimizer updates bfloat16 weights: no module can stay in float32
+        bad = CliRunner().invoke(ampbench, [command, "bf16_sr", "--root", str(tmp_path)])
+        assert bad.exit_code == 2 and bad.output.startswith("error: bf16_sr: a pure-bf16 arm keeps no float32 "
+                                                            "weights"), bad.output
 
 
 def _degraded_project(easy, tmp_path, write_params, model: str) -> Path:

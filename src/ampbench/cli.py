@@ -182,7 +182,7 @@ def decide(root: Path, min_seeds: int, max_seeds: int, spending: str, until: str
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Modules to list.")
 @one_line_errors
 def sensitivity(arm: str, root: Path, seed: int | None, examples: int, top: int) -> None:
-    """Rank the modules to keep in float32 for an autocast ARM (fp16, bf16); on the fp32 model, no training."""
+    """Rank the modules to keep in float32 for ARM (autocast, *_pure, float8); on the fp32 model, no training."""
     from ampbench.stages.sensitivity import rank_in_project, ranking_lines
 
     click.echo("\n".join(ranking_lines(rank_in_project(arm, root.resolve(), seed, examples), top)))
@@ -201,9 +201,10 @@ def sensitivity(arm: str, root: Path, seed: int | None, examples: int, top: int)
 @one_line_errors
 @interrupted_exits_130
 def fix(arm: str, root: Path, budget: int | None, until: str) -> None:
-    """Find the modules to keep in float32 so that an autocast ARM is shown not worse than fp32 (or equivalent): a
-    search over the modules' ranking with trainings judged by the pipeline's verdicts, its answer confirmed on fresh
-    seeds (docs/which-part-needs-float32.md). params.yaml and the pipeline's outputs stay as they are."""
+    """Find the modules to keep in float32 so that ARM (autocast, *_pure, float8) is shown not worse than fp32 (or
+    equivalent): a search over the modules' ranking with trainings judged by the pipeline's verdicts, its answer
+    confirmed on fresh seeds (docs/which-part-needs-float32.md). params.yaml and the pipeline's outputs stay as
+    they are."""
     from ampbench.stages.fix import fix_in_project
 
     fix_in_project(arm, root, budget, say=click.echo, until=until)

@@ -153,12 +153,17 @@ def conflicts(precisions: list[str], optimizer: str, fp32_modules: list[str]) ->
             problems.append(("train.optimizer", f"{optimizer!r} with {arm.name}: {OPTIMIZER_PACKAGES[arm.optimizer]} "
                                                 f"has only {', '.join(have)}; set -S train.optimizer={have[0]} or "
                                                 f"drop {arm.name} from train.precisions"))
-        if arm.pure and not arm.ablation and fp32_modules:
-            problems.append(("train.fp32_modules", f"{list(fp32_modules)} with {arm.name}: a pure-bf16 arm keeps no "
-                                                   "float32 weights for any module (its optimizer updates bfloat16 "
-                                                   f"weights); drop {arm.name} from train.precisions or empty "
-                                                   "train.fp32_modules"))
+        if no_islands(arm) and fp32_modules:
+            problems.append(("train.fp32_modules", f"{list(fp32_modules)} with {arm.name}: {no_islands(arm)}; drop "
+                                                   f"{arm.name} from train.precisions or empty train.fp32_modules"))
     return problems
+
+
+def no_islands(arm: Arm) -> str | None:
+    """Why ``arm`` can keep no module in float32 (train.fp32_modules), or None when it can."""
+    if arm.pure and not arm.ablation:
+        return "a pure-bf16 arm keeps no float32 weights for any module (its optimizer updates bfloat16 weights)"
+    return None
 
 
 def get(name: str) -> Arm:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ampbench.config.arms import BASELINE, TF32_REFERENCE, adoption_code
+from ampbench.config.arms import BASELINE, TF32_REFERENCE, adoption_code, no_islands
 from ampbench.config.arms import get as get_arm
 from ampbench.report.context import RunContext
 
@@ -207,13 +207,14 @@ def _not_worse_text(c: dict[str, Any], by_loss: bool) -> str:
 
 
 def rank_hint(arm: str, c: dict[str, Any]) -> str | None:
-    """For an autocast arm shown *worse* than fp32 with every value finite (nothing overflowed for the report to
-    name): the command that ranks which module to keep in float32, and the one that finds and confirms the set."""
+    """For an arm shown *worse* than fp32 with every value finite (nothing overflowed for the report to name) that
+    can keep modules in float32: the command that ranks which module to keep in float32, and the one that finds and
+    confirms the set."""
     a = get_arm(arm)
     if c.get("status") != "ok" or "worse" not in (c.get("not_worse"), c.get("loss_not_worse"),
                                                   c.get("accuracy_not_worse")):
         return None
-    if a.autocast is None or a.pure or a.float8:
+    if not a.low_precision or no_islands(a):
         return None
     return (f"{arm} is worse than fp32 with every value finite: `ampbench sensitivity {arm}` ranks the modules to "
             f"keep in float32 (docs/finding-the-layer.md), and `ampbench fix {arm}` finds the set that makes it not "

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 from ampbench import tracking
-from ampbench.config.arms import BASELINE
+from ampbench.config import arms
+from ampbench.config.arms import BASELINE, no_islands
 from ampbench.config.layout import MODELS, PREPARED, RESUME, ArmFiles, ReportFiles
 from ampbench.config.params import Params
 from ampbench.config.validation import load_params, validate
@@ -101,6 +102,8 @@ def _searchable(arm: str, params: Params) -> None:
     if tp.framework != "ampbench":
         raise ParamsError(f"train.framework: {tp.framework}: `ampbench fix` searches jobs the pipeline's own loop "
                           "trains; a framework's job is not searched yet")
+    if no_islands(arms.get(arm)):
+        raise ParamsError(f"{arm}: {no_islands(arms.get(arm))}: no module of it to keep in float32")
     if tp.fp32_modules:
         raise ParamsError(f"train.fp32_modules is {list(tp.fp32_modules)}: the search chooses it, starting from the "
                           "arm as it is; run it on params without it")

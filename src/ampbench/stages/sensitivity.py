@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ampbench.config.arms import BASELINE
+from ampbench.config import arms
+from ampbench.config.arms import BASELINE, no_islands
 from ampbench.config.layout import MODELS, PREPARED, ArmFiles
 from ampbench.config.params import Params
 from ampbench.config.validation import load_params
@@ -42,6 +43,8 @@ def rank_modules(arm: str, params: Params, data_dir: Path, models_dir: Path, see
     tp = params.train
     if arm not in tp.precisions or arm == BASELINE:
         raise ParamsError(f"{arm!r}: not an arm of this run to rank against fp32 (train.precisions: {tp.precisions})")
+    if no_islands(arms.get(arm)):
+        raise ParamsError(f"{arm}: {no_islands(arms.get(arm))}: no module of it to keep in float32")
     seed = tp.seeds[0] if seed is None else seed
     if seed not in tp.seeds:
         raise ParamsError(f"--seed {seed}: not one of train.seeds {tp.seeds}")
@@ -60,7 +63,7 @@ def rank_modules(arm: str, params: Params, data_dir: Path, models_dir: Path, see
 def ranking_lines(r: Ranking, top: int) -> list[str]:
     """The ranking as a table (``top`` rows), then the ``-S`` line of the best fix, or why there is none."""
     lines = [f"{r.arm}: the output's error against fp32 on {r.inputs} validation examples, relative to how much it "
-             f"varies between them: {_e(r.arm_error)} with the whole model under {r.arm}'s autocast.",
+             f"varies between them: {_e(r.arm_error)} with the whole model in {r.arm}.",
              "", "| module | kind | parameters | error, this one kept in float32 | error, this one alone in "
              f"{r.arm} |", "|---|---|---|---|---|"]
     lines += [f"| {m.module} | {m.kind} | {m.parameters:,} | {_e(m.kept)} | {_e(m.alone)} |" for m in r.modules[:top]]
@@ -77,4 +80,4 @@ def ranking_lines(r: Ranking, top: int) -> list[str]:
 
 
 def _e(x: float) -> str:
-    return "inf (not finite)" if x == float("inf") else f"{x:.3g}"
+    return "inf (not finite)" if x == float("inf") else "—" if x != x else f"{x:.3g}"

@@ -11,18 +11,26 @@ example: softmax ignores a shift) relative to how much that output varies betwee
   origin), one that is lossy because of the dtype of what it receives (an elementwise op after a 16-bit matmul, where
   the island's float32 inputs are the fix), and a parent whose own arithmetic between its children is the loss.
 - ``alone``: only that module under the arm's autocast, everything else in float32: what the module by itself does
-  to the output. It does not see a module whose loss comes from its 16-bit inputs; it is shown beside ``kept``.
+  to the output. It does not see a module whose loss comes from its 16-bit inputs; it is shown beside ``kept``
+  (autocast arms only: NaN, shown as —, for the others).
 - ``arm``: the error with nothing kept, over the same inputs.
+
+The arms that change the model itself, the *_pure ablations (16-bit weights) and the float8 arms (torchao's float8
+Linear layers under bf16 autocast), are ranked on copies: the arm's model as the train stage prepares it
+(``PrecisionPolicy.prepare_model``), once as it is and once per candidate with that module in
+``train.fp32_modules`` (kept in float32 weights and, for float8, out of torchao's conversion). One copy at a time:
+the memory of the model once more.
 
 A ranking is not a verdict: an output error on a few batches need not change what training reaches, and an error
 that is small per step can accumulate over training. Train with the suggested ``train.fp32_modules`` and let the
 evaluate stage judge it. When no single module removes most of the arm's error, several may be needed together: the
-ranking's top is where to start. Autocast arms only (fp16, bf16 and their ablations); the pure and float8 arms
-change weights and layers, which this measure does not model. No files or MLflow here.
+ranking's top is where to start. No files or MLflow here.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import types
 from dataclasses import dataclass
 
@@ -42,7 +50,7 @@ class ModuleError:
     kind: str  # its class name
     parameters: int
     kept: float  # the arm everywhere but this module (the ranking)
-    alone: float  # only this module in the arm's precision
+    alone: float  # only this module in the arm's precision (NaN: not measured, an arm that changes the model)
 
 
 @dataclass(frozen=True)
@@ -61,11 +69,10 @@ def candidates(model: nn.Module) -> list[str]:
 
 
 def rank(model: nn.Module, policy: PrecisionPolicy, inputs: list[torch.Tensor], task: Task) -> Ranking:
-    """Rank ``model``'s candidate modules (``candidates``) for ``policy``'s autocast arm on ``inputs`` (batches of
-    model inputs on the model's device). ``model``: float32 weights; it is left as it was."""
-    if policy.autocast_dtype is None or policy.param_dtype != torch.float32 or policy.float8_recipe:
-        raise ParamsError(f"{policy.name}: the ranking measures autocast arms (fp16, bf16); {policy.name} changes "
-                          "the weights' dtype or the layers themselves")
+    """Rank ``model``'s candidate modules (``candidates``) for ``policy``'s arm on ``inputs`` (batches of model
+    inputs on the model's device). ``model``: float32 weights; it is left as it was."""
+    if not policy.low_precision and not policy.float8_recipe:
+        raise ParamsError(f"{policy.name} computes in float32: no module of it to keep in float32")
     names = candidates(model)
     if not names:
         raise ParamsError("the model has no submodule to keep in float32")
@@ -73,6 +80,12 @@ def rank(model: nn.Module, policy: PrecisionPolicy, inputs: list[torch.Tensor], 
     model.eval()
     try:
         reference = _outputs(model, inputs, task)
+        if policy.param_dtype != torch.float32 or policy.float8_recipe:
+            rows = [ModuleError(name, type(model.get_submodule(name)).__name__,
+                                sum(p.numel() for p in model.get_submodule(name).parameters()),
+                                _on_a_copy(model, policy, (name,), inputs, task, reference), float("nan"))
+                    for name in names]
+            return _ranked(policy, _on_a_copy(model, policy, (), inputs, task, reference), rows, inputs)
         with policy.autocast():
             arm_error = _error(_outputs(model, inputs, task), reference)
         rows = []
@@ -90,9 +103,24 @@ def rank(model: nn.Module, policy: PrecisionPolicy, inputs: list[torch.Tensor], 
                                     kept, alone))
     finally:
         model.train(was_training)
-    # The best fix first; of equal fixes, the module lossier alone, then the smaller.
-    rows.sort(key=lambda r: (r.kept, -r.alone, r.parameters, r.module))
+    return _ranked(policy, arm_error, rows, inputs)
+
+
+def _ranked(policy: PrecisionPolicy, arm_error: float, rows: list[ModuleError],
+            inputs: list[torch.Tensor]) -> Ranking:
+    """The best fix first; of equal fixes, the module lossier alone, then the smaller."""
+    rows.sort(key=lambda r: (r.kept, -(r.alone if r.alone == r.alone else 0.0), r.parameters, r.module))
     return Ranking(policy.name, arm_error, rows, sum(len(x) for x in inputs))
+
+
+def _on_a_copy(model: nn.Module, policy: PrecisionPolicy, kept: tuple[str, ...], inputs: list[torch.Tensor],
+               task: Task, reference: list[torch.Tensor]) -> float:
+    """The output's error of the arm's own model, prepared from a copy of ``model`` as the train stage prepares it
+    with ``kept`` in train.fp32_modules (16-bit weights, float8 layers, the float32 islands)."""
+    arm = dataclasses.replace(policy, fp32_modules=kept)
+    prepared = arm.prepare_model(copy.deepcopy(model)).eval()
+    with arm.autocast():
+        return _error(_outputs(prepared, [arm.cast_input(x) for x in inputs], task), reference)
 
 
 @torch.no_grad()
