@@ -71,8 +71,8 @@ def pytest_collection_modifyitems(config, items):
 
 ARM_RUNS = "tags.`ampbench.role` = 'arm'"  # MLflow filter: the arm × seed runs, not the executions' parent runs
 
-PROJECT_FILES = ["pipeline", "src", "examples", "data/raw/README.md", "dvc.yaml", ".dvcignore", ".gitignore",
-                 ".dvc/config", ".dvc/.gitignore", ".dvc/plots"]
+PROJECT_FILES = ["pipeline", "src", "examples", "data/raw/README.md", "reports/fix/README.md", "dvc.yaml", ".dvcignore",
+                 ".gitignore", ".dvc/config", ".dvc/.gitignore", ".dvc/plots"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -165,6 +165,12 @@ def test_second_repro_does_nothing_and_exp_runs_land_in_the_same_store(repo):
     repo, env, _ = repo
     assert "Data and pipelines are up to date" in _dvc("repro", repo=repo, env=env)
     before, committed = len(_runs(repo)), (repo / "params.yaml").read_text()
+    # `ampbench fix`'s records are the evaluate stage's input (read into report.md): a new one reruns it alone
+    record = repo / "reports" / "fix" / "bf16.json"
+    record.write_text("{}")
+    status = _dvc("status", repo=repo, env=env)
+    assert re.findall(r"^(\S+):$", status, re.M) == ["evaluate"] and "reports/fix" in status, status
+    record.unlink()
 
     # A temporary copy (how queued experiments run too): the workspace's params stay, the runs land in the root store.
     out = _run_readme(_readme_command(".venv/bin/dvc exp run --temp -S 'train.precisions=[fp32,bf16]'"), repo, env)

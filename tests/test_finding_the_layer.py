@@ -387,7 +387,8 @@ def test_the_ranking_names_the_module_whose_fix_removes_the_error():
         rank(build((1, 8, 8), 10), resolve_policy("fp32", CPU), inputs, CLASSIFICATION)
 
 
-def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp_path, mlflow_store, write_params):
+def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp_path, mlflow_store, write_params,
+                                                                       monkeypatch):
     """The issue's case end to end: bf16 trains the offset model to far worse than fp32 with every value finite,
     so the first-non-finite probe has nothing to name; `ampbench sensitivity bf16` ranks ``coords`` first and gives
     its -S line; `ampbench fix bf16` trains it, confirms it not worse on a fresh seed and says what it costs."""
@@ -432,7 +433,8 @@ def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp
     assert lines[7] == ("The modules kept in float32 take 69.6% of bf16's matmul and convolution FLOPs (one training "
                         "step counted by dtype)."), lines[7]
     assert (root / "params.yaml").read_bytes() == before
-    assert lines[8] == "The search's record: reports/fix/bf16.md (and on its MLflow run)", lines
+    assert lines[8] == ("The search's record: reports/fix/bf16.md (and on its MLflow run); `dvc repro` puts it into "
+                        "reports/report.md"), lines
     record = (reports / "fix" / "bf16.md").read_text()  # what was ranked, what was tried, why it stopped
     assert record.startswith("# Which part of bf16 needs float32\n\nbf16: "), record
     for part in ("## Ranked", "| coords | Coordinates |", "## Tried", f"- {lines[1]}\n- {lines[2]}\n",
@@ -472,6 +474,19 @@ def test_a_degraded_arm_without_overflow_gets_its_fix_from_the_ranking(easy, tmp
     trials = mlflow.search_runs(search_all_experiments=True,
                                 filter_string=f"tags.`mlflow.parentRunId` = '{search['run_id'][0]}'")
     assert set(trials["tags.fix.equivalence"].dropna()) == {"equivalent"} and len(trials) == 3, trials
+    # the evaluate stage (`dvc repro` after a search: reports/fix is its dependency) puts both records into report.md
+    monkeypatch.setenv("DVC_ROOT", str(root))  # the project the records' run is identified in
+    result = CliRunner().invoke(_stage("evaluate"), ["--params", str(root / "params.yaml"), "--data",
+                                                     str(root / "data" / "prepared"), "--models", str(root / "models"),
+                                                     "--reports", str(reports)])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    report = (reports / "report.md").read_text()
+    section = report[report.index("## Which part needs float32"):report.index("## Details")]
+    assert section.index("### `ampbench fix bf16`\n") < section.index("### `ampbench fix bf16 --until equivalent`")
+    for part in ("#### Ranked", "| coords | Coordinates |", f"#### Tried\n\n- {lines[1]}",
+                 "is equivalent to fp32", "is not worse than fp32", "[fix/bf16.md](fix/bf16.md)",
+                 "[fix/bf16.equivalent.md](fix/bf16.equivalent.md)"):
+        assert part in section, (part, section)
 
 
 def test_fix_trains_nothing_for_an_arm_already_not_worse(tmp_path):

@@ -110,3 +110,30 @@ def test_the_procedures_false_not_worse_rate_stays_at_alpha():
     assert at_most_alpha(confirmed / runs, runs), confirmed / runs  # the procedure's false rate
     # and among the searches that reported a set: its confirmed verdict is still a test at alpha
     assert at_most_alpha(confirmed / searched, searched), confirmed / searched
+
+
+def test_the_report_shows_this_runs_searches_in_full_and_points_at_the_others():
+    from ampbench.report.fix import report_section
+
+    def rec(arm, goal, identity, modules=("coords",), confirmed=True):
+        return {"arm": arm, "goal": goal, "identity": identity, "opening": f"{arm}: worse against fp32",
+                "ranking": ["| coords | Coordinates |"], "tried": ['trial 1: ["coords"] kept in float32: not worse'],
+                "said": ["Adopt it:"], "modules": list(modules), "confirmed": confirmed, "record": f"{arm}.md"}
+
+    assert report_section([], "run", []) == []
+    lines = report_section([rec("bf16", NOT_WORSE, "run"), rec("fp16", "equivalent", "other")], "run", [])
+    text = "\n".join(lines)
+    assert lines[:4] == ["", "## Which part needs float32", "", "### `ampbench fix bf16`"], lines
+    for part in ("#### Ranked\n\n| coords | Coordinates |", '#### Tried\n\n- trial 1: ["coords"]',
+                 "#### Why it stopped, and the answer\n\nAdopt it:",
+                 "The search's record: [fix/bf16.md](fix/bf16.md)."):
+        assert part in text, (part, text)
+    assert lines[-1] == ("`ampbench fix fp16 --until equivalent` ([fix/fp16.md](fix/fp16.md)) searched another run: "
+                         "its data, code or train params differ from this run's. Run it again on this one."), lines
+    adopted = report_section([rec("bf16", NOT_WORSE, "run")], "run", ["coords"])
+    assert adopted[3].startswith('This run keeps ["coords"] in float32: the set it found and confirmed not worse '
+                                 "than fp32 on this run without train.fp32_modules (`ampbench fix bf16`"), adopted
+    unconfirmed = report_section([rec("bf16", NOT_WORSE, "run", confirmed=False)], "run", ["coords"])
+    assert 'keeps ["coords"] in float32: the set it ended with, not confirmed on fresh seeds' in unconfirmed[3]
+    other = report_section([rec("bf16", NOT_WORSE, "run", modules=("head",))], "run", ["coords"])
+    assert 'keeps ["coords"] in float32: not the set it ended with' in other[3], other

@@ -87,6 +87,11 @@ class ReportFiles:
         return self.root / "figures"
 
     @property
+    def fix(self) -> Path:
+        """The records ``ampbench fix`` writes (stages/fix_record.py), which this stage reads into report.md."""
+        return self.root / "fix"
+
+    @property
     def tracked(self) -> list[Path]:
         """The files logged as artifacts of the execution's MLflow parent run (figures go in their own folder)."""
         return [self.report, self.comparison, self.speed, self.details, self.curves, self.quality]

@@ -46,6 +46,7 @@ class RunContext:
     data_notes: tuple[str, ...] = ()  # what prepare's caps cut, in the data's unit (data.prepare.cut_notes)
     note: str | None = None  # the CPU note (advice.cpu_note)
     looks: Looks | None = None  # a sequential comparison: its design and where it stands (verdict/sequential.py)
+    searches: tuple[str, ...] = ()  # the section on `ampbench fix`'s searches of this run (report/fix.py)
 
     @property
     def by_loss(self) -> bool:

@@ -1,5 +1,6 @@
 """What ``ampbench fix`` says: the answer and its ``-S`` line, what the fix costs, and the search's record
-(reports/fix/<arm>.md and the search's MLflow run): what was ranked, what was tried, why it stopped."""
+(reports/fix/<arm>.md and the search's MLflow run): what was ranked, what was tried, why it stopped; and report.md's
+section on the searches (``report_section``)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,35 @@ def answer_lines(arm: str, answer: Answer, budget: int, fresh: int) -> list[str]
 def record(arm: str, opening: str, ranking: list[str], tried: list[str], said: list[str]) -> str:
     """The search's record in Markdown: ``opening`` (the run, the seeds, the budget), the ranking's table, each
     trial's line as it was said, and the answer's lines (``said``: answer and cost)."""
-    return "\n".join([f"# Which part of {arm} needs float32", "", opening, "", "## Ranked", "", *ranking, "",
-                      "## Tried", "", *[f"- {line}" for line in tried], "", "## Why it stopped, and the answer", "",
-                      *said, ""])
+    return "\n".join([f"# Which part of {arm} needs float32", "", *_body(opening, ranking, tried, said, "##")])
+
+
+def _body(opening: str, ranking: list[str], tried: list[str], said: list[str], level: str) -> list[str]:
+    return [opening, "", f"{level} Ranked", "", *ranking, "", f"{level} Tried", "", *[f"- {line}" for line in tried],
+            "", f"{level} Why it stopped, and the answer", "", *said, ""]
+
+
+def report_section(records: list[dict], identity: str, fp32_modules: list[str]) -> list[str]:
+    """report.md's "Which part needs float32": each ``ampbench fix`` record (reports/fix/*.json) of this run in
+    full; one line for a record of this run's search whose set the run now keeps (``fp32_modules``), and for one of
+    another run (``identity``: ``stages/fix_record.identity``). Nothing without records."""
+    if not records:
+        return []
+    lines = ["", "## Which part needs float32", ""]
+    for r in sorted(records, key=lambda r: (r["arm"], r["goal"] != NOT_WORSE)):
+        command = f"`ampbench fix {r['arm']}{'' if r['goal'] == NOT_WORSE else ' --until equivalent'}`"
+        where = f"[fix/{r['record']}](fix/{r['record']})"
+        if r["identity"] != identity:
+            lines += [f"{command} ({where}) searched another run: its data, code or train params differ from this "
+                      "run's. Run it again on this one.", ""]
+        elif fp32_modules:
+            kept = json.dumps(list(fp32_modules))
+            same = sorted(r["modules"] or []) == sorted(fp32_modules)
+            found = (("the set it found and confirmed " + against(r["goal"]) if r["confirmed"] else
+                      "the set it ended with, not confirmed on fresh seeds") if same else "not the set it ended with")
+            lines += [f"This run keeps {kept} in float32: {found} on this run without train.fp32_modules "
+                      f"({command}, {where}). The verdicts above are this run's own.", ""]
+        else:
+            lines += [f"### {command}", "", *_body(r["opening"], r["ranking"], r["tried"], r["said"], "####"),
+                      f"The search's record: {where}.", ""]
+    return lines[:-1]

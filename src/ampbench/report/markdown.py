@@ -32,14 +32,16 @@ def model_line(model: ModelRecord) -> str:
 def markdown_report(arms: list[ArmReport], comparison: dict[str, dict], context: RunContext,
                     rec: Recommendation) -> str:
     """The report: the recommendation's headline and the first table (``first_table``), the code that adopts a
-    recommended arm, then the details: model and method, the full table, the reasons, the plans, throughput, what
-    ran, the numerics. ``comparison``: the merged comparison and speed rows per arm."""
+    recommended arm, the ``ampbench fix`` searches of this run, then the details: model and method, the full table,
+    the reasons, the plans, throughput, what ran, the numerics. ``comparison``: the merged comparison and speed rows
+    per arm."""
     lines = ["# ampbench: mixed precision vs strict fp32", "", rec.headline, "",
              *sequential_lines(context), *first_table(arms, comparison, context, rec)]
     if rec.code:
         framework = context.model is not None and context.model.kind in ("lightning", "hf_trainer")
         lines += ["", "In your Trainer:" if framework else "In your own training step:", "", "```python", rec.code,
                   "```"]
+    lines += list(context.searches)
     lines += ["", "## Details", "", f"Model {model_line(context.model)}.", "", details.method(context), ""]
     lines += details.full_table(arms, comparison, context)
     lines += details.reasons(arms, context)

@@ -14,5 +14,6 @@
 - ``sensitivity``: ``ampbench sensitivity``: the ranking of the modules to keep in float32, on a project's fp32 model.
 - ``fix``: ``ampbench fix``: the search for the modules to keep in float32, its trials trained and judged as the
   stages do, its confirmation, what the fix costs.
+- ``fix_record``: the search's record in reports/fix/ (read by the evaluate stage) and the run it belongs to.
 - ``runs``: what the evaluate stage puts into MLflow (seed runs, the parent run), and logging it.
 """

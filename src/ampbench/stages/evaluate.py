@@ -38,7 +38,7 @@ from ampbench.runtime.files import (
     published_together,
     read_json,
 )
-from ampbench.stages import runs
+from ampbench.stages import fix_record, runs
 from ampbench.tasks.contract import Task
 from ampbench.tasks.probe import HeldToContract
 from ampbench.tasks.resolve import resolve_task
@@ -90,7 +90,8 @@ def _evaluate_arms(params, data_dir, models_dir, reports_dir, project_root, tags
     attach_quality(reports, margins.loss)
     looks = _judge(reports, outcomes, task, margins, noise, ev)
     comparison, speed_rows, details = tables(reports, noise, margins, task.deciding, looks)
-    context = _context(params, task, data.meta, base, device, margins, noise, looks)
+    context = _context(params, task, data.meta, base, device, margins, noise, looks,
+                       fix_record.section(reports_dir, project_root, data_dir, tp))
     merged = {arm: {**row, **speed_rows.get(arm, {})} for arm, row in comparison.items()}
     rec = recommendation(merged, context)  # into the report, the log and the parent run
     seed_runs, parent = runs.evaluation_runs(params, tags, rec, reports, comparison, speed_rows, context,
@@ -257,8 +258,9 @@ def attach_quality(reports: list[ArmReport], margin: float) -> None:
 
 
 def _context(params: Params, task: Task, meta: dict, base: ArmSummary, device: torch.device, margins: Margins,
-             noise: SeedNoise, looks: Looks | None) -> RunContext:
-    """What the report says about the run as a whole: data, model, seeds, device, margins, fp32's seed noise."""
+             noise: SeedNoise, looks: Looks | None, searches: list[str]) -> RunContext:
+    """What the report says about the run as a whole: data, model, seeds, device, margins, fp32's seed noise, the
+    section on `ampbench fix`'s searches."""
     from ampbench.report.advice import cpu_note
 
     hw = base.hardware
@@ -268,7 +270,8 @@ def _context(params: Params, task: Task, meta: dict, base: ArmSummary, device: t
                       batch_size=params.train.batch_size,
                       test=HeldOut(meta["sizes"]["test"], meta.get("test_from"), meta.get("test_available")),
                       data_notes=tuple(cut_notes(meta)),
-                      note=cpu_note(hw.cpu_16bit_flags) if device.type == "cpu" else None, looks=looks)
+                      note=cpu_note(hw.cpu_16bit_flags) if device.type == "cpu" else None, looks=looks,
+                      searches=tuple(searches))
 
 
 def _write_reports(reports: list[ArmReport], rows: tuple[dict, dict, dict, dict], context: RunContext,

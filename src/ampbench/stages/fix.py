@@ -25,15 +25,16 @@ from typing import Callable
 from ampbench import tracking
 from ampbench.config import arms
 from ampbench.config.arms import BASELINE, no_islands
-from ampbench.config.layout import MODELS, PREPARED, RESUME, ArmFiles, ReportFiles
+from ampbench.config.layout import MODELS, PREPARED, REPORTS, RESUME, ArmFiles, ReportFiles
 from ampbench.config.params import Params
 from ampbench.config.validation import load_params, validate
 from ampbench.errors import Interrupted, ParamsError
-from ampbench.report.fix import against, answer_lines, cost_lines, record
+from ampbench.report.fix import against, answer_lines, cost_lines
 from ampbench.runtime import signals
-from ampbench.runtime.files import atomic_write_text, dvc_md5, json_digest, read_json
-from ampbench.runtime.provenance import code_version, run_tags
+from ampbench.runtime.files import json_digest, read_json
+from ampbench.runtime.provenance import run_tags
 from ampbench.stages.evaluate import judge_arm
+from ampbench.stages.fix_record import identity, run_parts, write_record
 from ampbench.stages.sensitivity import rank_in_project, ranking_lines
 from ampbench.stages.train import train_arm
 from ampbench.verdict.search import NOT_WORSE, Answer, Trial, default_budget, search
@@ -62,10 +63,7 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None, say: Callabl
     ranking = [m.module for m in ranked.modules]
     seeds = tuple(tp.seeds)
     fresh = tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds)))
-    budget = default_budget(len(ranking), len(seeds), len(fresh)) if budget is None else budget
-    if budget < len(seeds) + len(fresh):
-        raise ParamsError(f"--budget {budget}: a trial on the run's {len(seeds)} seed(s) and its confirmation on "
-                          f"{len(fresh)} fresh one(s) need at least {len(seeds) + len(fresh)} trainings")
+    budget = _budget(budget, len(ranking), len(seeds), len(fresh))
     opening = (f"{arm}: {now} against fp32 in this run. {len(ranking)} candidate modules ranked on the fp32 model "
                f"(`ampbench sensitivity {arm}`); trials on seeds {list(seeds)}, the confirmation on fresh seeds "
                f"{list(fresh)}; a budget of {budget} trainings of {arm}" + ("; a trial passes when equivalent "
@@ -86,11 +84,23 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None, say: Callabl
     said = answer_lines(arm, answer, budget, len(fresh)) + (cost_lines(arm, cost) if cost else [])
     for line in said:
         say(line)
-    path = root / "reports" / "fix" / (f"{arm}.md" if goal == NOT_WORSE else f"{arm}.{until}.md")
-    atomic_write_text(path, record(arm, opening, ranking_lines(ranked, 10), trials.tried, said))
+    path = write_record(ReportFiles(root / REPORTS).fix, arm if goal == NOT_WORSE else f"{arm}.{until}", {
+        "arm": arm, "goal": goal, "identity": identity(trials.run), "opening": opening, "said": said,
+        "ranking": ranking_lines(ranked, 10), "tried": trials.tried, **answer.fields()})
     trials.close_search(answer, cost, path)
-    say(f"The search's record: {path.relative_to(root)} (and on its MLflow run)")
+    say(f"The search's record: {path.relative_to(root)} (and on its MLflow run); `dvc repro` puts it into "
+        "reports/report.md")
     return answer
+
+
+def _budget(budget: int | None, candidates: int, seeds: int, fresh: int) -> int:
+    """The search's budget in trainings: ``default_budget`` unless given; ParamsError when it pays for no trial and
+    its confirmation."""
+    budget = default_budget(candidates, seeds, fresh) if budget is None else budget
+    if budget < seeds + fresh:
+        raise ParamsError(f"--budget {budget}: a trial on the run's {seeds} seed(s) and its confirmation on {fresh} "
+                          f"fresh one(s) need at least {seeds + fresh} trainings")
+    return budget
 
 
 def _searchable(arm: str, params: Params) -> None:
@@ -143,10 +153,9 @@ class _Trials:
         self.arm, self.params, self.root, self.seeds, self.say, self.goal = arm, params, root, seeds, say, goal
         self.folder = root / RESUME / "fix" / arm
         self.data = root / PREPARED
-        tp = params.train
-        self.code = code_version(root, tp.model_code, tp.task_code)
         # what a trial's training depends on besides its set and seeds: a trial is reused only for the same run
-        self.run = {"data": dvc_md5(self.data), "code": self.code, "train": tp.to_dict()}
+        self.run = run_parts(root, self.data, params.train)
+        self.code = self.run["code"]
         self.tags = run_tags(root)
         self.count = 0
         self.tried: list[str] = []  # each trial's line, as said

@@ -71,6 +71,10 @@ class Answer:
     def confirmed(self) -> bool:
         return self.confirmation is not None and self.confirmation.passed
 
+    def fields(self) -> dict:
+        """The set and whether it was confirmed, as the search's record stores them."""
+        return {"modules": list(self.modules) if self.modules else None, "confirmed": self.confirmed}
+
 
 def default_budget(candidates: int, seeds: int, fresh: int) -> int:
     """Trainings for a search over ``candidates`` with ``seeds`` per trial and ``fresh`` confirmation seeds: three
