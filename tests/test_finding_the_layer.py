@@ -517,12 +517,14 @@ def test_fix_trains_nothing_for_an_arm_already_not_worse(tmp_path):
                                                             "weights"), bad.output
 
 
-def _degraded_project(easy, tmp_path, write_params, model: str) -> Path:
+def _degraded_project(easy, tmp_path, write_params, model: str, seeds: tuple[int, ...] = (0,)) -> Path:
     """A project as `dvc repro` leaves it (params.yaml, data/prepared, models/, reports/) whose bf16 arm trained
-    ``examples.offset_model:<model>`` to far worse than fp32, every value finite."""
+    ``examples.offset_model:<model>`` to far worse than fp32, every value finite; with several ``seeds``, a trial
+    of `ampbench fix` looks after each from the second (evaluate.sequential.min_seeds)."""
     params, data = easy
-    params = {**params, "train": {**params["train"], "model": f"examples.offset_model:{model}",
-                                  "model_code": "examples/offset_model.py", "precisions": ["fp32", "bf16"]}}
+    params = {**params, "train": {**params["train"], "model": f"examples.offset_model:{model}", "seeds": list(seeds),
+                                  "model_code": "examples/offset_model.py", "precisions": ["fp32", "bf16"]},
+              "evaluate": {**params.get("evaluate", {}), "sequential": {"min_seeds": 2}}}
     out, reports = _pipeline(params, data, tmp_path, write_params, model)
     assert json.loads((reports / "details.json").read_text())["bf16"]["delta_accuracy_pp"] < -10
     root = tmp_path / "project"
@@ -573,12 +575,22 @@ def test_fix_keeps_two_modules_when_neither_alone_is_enough(easy, tmp_path, mlfl
 
 def test_fix_says_when_no_set_of_modules_helps(easy, tmp_path, mlflow_store, write_params):
     """The offset matmul in the model's own forward, outside any submodule: even every candidate kept in float32
-    leaves bf16 worse; the search says so, with the closest set, and confirms nothing."""
+    leaves bf16 worse; the search says so, with the closest set, and confirms nothing. On three seeds, each trial
+    looks after its second seed as `ampbench decide` does: so clear a failure stops there."""
     from ampbench.cli import main as ampbench
 
-    root = _degraded_project(easy, tmp_path, write_params, "build_unfixable")
+    root = _degraded_project(easy, tmp_path, write_params, "build_unfixable", seeds=(0, 1, 2))
     result = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])
     assert result.exit_code == 0, result.output + str(result.exception)
-    assert ("No set of modules found: no set helps: with all 2 candidate modules kept in float32 the arm is still "
-            "worse; the closest: ") in result.output, result.output
+    lines = [line for line in result.output.splitlines() if not line.startswith("[")]
+    assert ("each looked at after every seed from 2 on (pocock alpha spending: a clear case stops early); a budget "
+            "of 21 trainings of bf16") in lines[0], lines[0]  # 3 × ⌈log2(3)⌉ × 3 + 3
+    tried = [line.split(": worse (")[0] for line in lines[1:3]]
+    assert [line.split(" kept in")[1] for line in tried] == [" float32, seeds [0, 1]"] * 2, lines
+    assert sorted(json.loads(tried[1].split(": ")[1].split(" kept")[0])) == ["fc1", "head"], tried
+    assert lines[3].startswith("No set of modules found: no set helps: with all 2 candidate modules kept in float32 "
+                               "the arm is still worse; the closest: "), lines
+    assert lines[3].endswith(". 4 of 21 trainings of bf16 spent."), lines[3]
     assert "confirmation:" not in result.output and "Adopt it" not in result.output
+    folder = root / ".resume" / "fix" / "bf16"
+    assert len(list(folder.glob("*/bf16/seed1.pt"))) == 2 and not list(folder.glob("*/bf16/seed2.pt"))  # nor a third

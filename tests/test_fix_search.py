@@ -10,7 +10,7 @@ import random
 import pytest
 
 from ampbench.verdict.decisions import not_worse, one_sided_level
-from ampbench.verdict.search import NOT_WORSE, Trial, default_budget, search
+from ampbench.verdict.search import NOT_WORSE, Trial, default_budget, judged_in_looks, search, trial_design
 from ampbench.verdict.stats import paired_ci
 
 RANKING = [f"m{i}" for i in range(16)]  # most promising first
@@ -109,6 +109,52 @@ def test_the_procedures_false_not_worse_rate_stays_at_alpha():
     assert searched / runs > 3 * alpha, searched / runs  # the search's own verdicts: the inflation
     assert at_most_alpha(confirmed / runs, runs), confirmed / runs  # the procedure's false rate
     # and among the searches that reported a set: its confirmed verdict is still a test at alpha
+    assert at_most_alpha(confirmed / searched, searched), confirmed / searched
+
+
+def test_a_clear_trial_stops_at_its_first_look_and_the_budget_pays_for_the_seeds_used():
+    """Looks after every seed from the third of five (``ampbench decide``'s design): a clear failure and a clear pass
+    decide at three seeds, a close one goes on to all five; the budget is charged for the seeds each trial used."""
+    design = trial_design(5, 3, "pocock", 0.95)
+    assert [look.seeds for look in design.looks()] == [3, 4, 5]
+    assert trial_design(2, 3, "pocock", 0.95) is None and trial_design(3, 3, "pocock", 0.95) is None
+
+    def judge(modules, seeds):
+        def at(now, look):
+            close = modules == ("m0", "m1") and len(now) < 5  # undecided until the last look
+            verdict = "inconclusive" if close else NOT_WORSE if "m1" in modules else "worse"
+            return Trial(modules, now, verdict)
+        return judged_in_looks(seeds, design, at)
+    seeds, fresh = tuple(range(5)), tuple(range(5, 10))
+    answer = search(RANKING, judge, seeds, fresh, 100)
+    used = [(t.modules, len(t.seeds)) for t in answer.trials]
+    assert used == [(("m0",), 3), (("m0", "m1"), 5), (("m1",), 3), (("m1",), 3)], used  # the last: the confirmation
+    assert answer.spent == 14 and answer.confirmed and answer.modules == ("m1",)
+
+
+def test_with_looks_the_procedures_false_not_worse_rate_stays_at_alpha():
+    """The simulation above with every trial and the confirmation looking after each seed from the third of five,
+    each look at its level of the design's t bound over seeds: stopping at the first look that passes does not
+    raise the confirmed verdict's false rate above alpha."""
+    rng, margin, alpha, runs = random.Random(1), 0.01, 0.05, 2000
+    design = trial_design(5, 3, "pocock", 1 - alpha)
+
+    def judge(modules, seeds):
+        draws = [rng.gauss(-margin, 0.01) for _ in seeds]
+
+        def at(now, look):
+            s = paired_ci(draws[:len(now)], look.seed_decide_confidence)
+            return Trial(modules, now, not_worse(s, margin)[0], s.ci_low, s.ci_high)
+        return judged_in_looks(seeds, design, at)
+    answers = [search(RANKING, judge, tuple(range(5)), tuple(range(5, 10)), default_budget(len(RANKING), 5, 5))
+               for _ in range(runs)]
+    confirmed, searched = sum(a.confirmed for a in answers), sum(a.modules is not None for a in answers)
+    assert searched / runs > 3 * alpha, searched / runs  # the search's own verdicts still inflate
+
+    def at_most_alpha(rate: float, n: int) -> bool:  # within three Monte Carlo standard errors
+        return rate <= alpha + 3 * (alpha * (1 - alpha) / n) ** 0.5
+
+    assert at_most_alpha(confirmed / runs, runs), confirmed / runs
     assert at_most_alpha(confirmed / searched, searched), confirmed / searched
 
 

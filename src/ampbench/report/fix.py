@@ -31,9 +31,11 @@ def against(goal: str) -> str:
     return "not worse than fp32" if goal == NOT_WORSE else "equivalent to fp32"
 
 
-def answer_lines(arm: str, answer: Answer, budget: int, fresh: int) -> list[str]:
-    """What the search found, in words, with the -S line to adopt when the confirmation says not worse."""
-    spent = f"{answer.spent} of {budget} trainings of {arm} spent (and {fresh} of fp32 on the fresh seeds)"
+def answer_lines(arm: str, answer: Answer, budget: int) -> list[str]:
+    """What the search found, in words, with the -S line to adopt when the confirmation passes."""
+    fp32 = len(answer.confirmation.seeds) if answer.confirmation else 0
+    spent = f"{answer.spent} of {budget} trainings of {arm} spent" + (f" (and {fp32} of fp32 on the fresh seeds)"
+                                                                      if fp32 else "")
     if answer.modules is None:
         best = answer.best
         closest = (f"; the closest: {json.dumps(list(best.modules))} kept in float32 ({best.verdict})"

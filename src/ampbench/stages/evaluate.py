@@ -47,7 +47,7 @@ from ampbench.verdict.comparison import ArmReport, Numerics, Outcomes, PairedSta
 from ampbench.verdict.decisions import one_sided_level
 from ampbench.verdict.metrics import seed_noise, summarise_seeds
 from ampbench.verdict.quality import arm_quality
-from ampbench.verdict.sequential import Design, Looks, outcome
+from ampbench.verdict.sequential import Design, Look, Looks, outcome
 from ampbench.verdict.stats import Margins, SeedNoise, resolve_margins
 from ampbench.verdict.tables import shown, tables
 
@@ -105,10 +105,11 @@ def _evaluate_arms(params, data_dir, models_dir, reports_dir, project_root, tags
     return comparison
 
 
-def judge_arm(params: Params, data_dir: Path, models_dir: Path, arm: str) -> PairedStatistics | str:
-    """``arm``'s verdicts against the baseline over train.seeds, as this stage judges them (the fixed design, the
-    margins from fp32's seeds), from ``models_dir``/<arm> and ``models_dir``/fp32; nothing written or logged. What
-    ``ampbench fix`` judges each trial by. The reason instead when the arm has no result (diverged, skipped)."""
+def judge_arm(params: Params, data_dir: Path, models_dir: Path, arm: str,
+              look: Look | None = None) -> PairedStatistics | str:
+    """``arm``'s verdicts against fp32 over train.seeds as this stage judges them (the fixed design, or a sequential
+    ``look``'s levels), from ``models_dir``/<arm> and /fp32; nothing written or logged: what ``ampbench fix`` judges
+    each trial by. The reason instead when the arm has no result (diverged, skipped)."""
     tp, ev = params.train, params.evaluate
     device = resolve_device(tp.device)
     task = HeldToContract(resolve_task(tp.task, tp.block_size))
@@ -121,7 +122,8 @@ def judge_arm(params: Params, data_dir: Path, models_dir: Path, arm: str) -> Pai
     reports, outcomes, predictions = _predict_arms(validate(judged), task, summaries, data.test, models_dir, device)
     noise = seed_noise(reports[0].per_seed, predictions)
     margins = resolve_margins(ev.margin.accuracy_pp, ev.margin.loss, noise)
-    return _paired(reports[1], outcomes, task, margins, noise, ev.confidence, one_sided_level(ev.confidence))
+    levels = look.levels() if look else (ev.confidence, one_sided_level(ev.confidence))
+    return _paired(reports[1], outcomes, task, margins, noise, *levels)
 
 
 def _read_summary(path: Path, arm: str, seeds: list[int]) -> ArmSummary:

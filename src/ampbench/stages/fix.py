@@ -37,7 +37,8 @@ from ampbench.stages.evaluate import judge_arm
 from ampbench.stages.fix_record import identity, run_parts, write_record
 from ampbench.stages.sensitivity import rank_in_project, ranking_lines
 from ampbench.stages.train import train_arm
-from ampbench.verdict.search import NOT_WORSE, Answer, Trial, default_budget, search
+from ampbench.verdict.search import NOT_WORSE, Answer, Trial, default_budget, judged_in_looks, search, trial_design
+from ampbench.verdict.sequential import Design, Look
 
 EQUIVALENT = "equivalent"
 GOALS = {"not_worse": NOT_WORSE, "equivalent": EQUIVALENT}  # --until: the verdict a trial must reach to pass
@@ -64,12 +65,9 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None, say: Callabl
     seeds = tuple(tp.seeds)
     fresh = tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds)))
     budget = _budget(budget, len(ranking), len(seeds), len(fresh))
-    opening = (f"{arm}: {now} against fp32 in this run. {len(ranking)} candidate modules ranked on the fp32 model "
-               f"(`ampbench sensitivity {arm}`); trials on seeds {list(seeds)}, the confirmation on fresh seeds "
-               f"{list(fresh)}; a budget of {budget} trainings of {arm}" + ("; a trial passes when equivalent "
-                                                                            "(--until)" if goal == EQUIVALENT else ""))
-    say(opening)
     trials = _Trials(arm, params, root, seeds, say, goal)
+    opening = _opening(arm, now, len(ranking), seeds, fresh, budget, goal, trials.design)
+    say(opening)
     trials.open_search(budget, ranking, fresh)
     signals.handle_signals_once()  # SIGTERM unwinds like Ctrl-C: the trial's seed run ends KILLED
     try:
@@ -81,7 +79,7 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None, say: Callabl
                           f"the trials done are kept in {trials.folder.relative_to(root)}/ (and the epochs of the one "
                           f"cut short); rerun `ampbench fix {arm}` with the same options to go on from them") from None
     cost = _cost(arm, params, root, trials, answer) if answer.confirmed else None
-    said = answer_lines(arm, answer, budget, len(fresh)) + (cost_lines(arm, cost) if cost else [])
+    said = answer_lines(arm, answer, budget) + (cost_lines(arm, cost) if cost else [])
     for line in said:
         say(line)
     path = write_record(ReportFiles(root / REPORTS).fix, arm if goal == NOT_WORSE else f"{arm}.{until}", {
@@ -91,6 +89,17 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None, say: Callabl
     say(f"The search's record: {path.relative_to(root)} (and on its MLflow run); `dvc repro` puts it into "
         "reports/report.md")
     return answer
+
+
+def _opening(arm: str, now: str, candidates: int, seeds: tuple[int, ...], fresh: tuple[int, ...], budget: int,
+             goal: str, design: Design | None) -> str:
+    """The search's first line: where the arm stands, the ranking, the seeds and looks, the budget."""
+    looks = (f", each looked at after every seed from {design.min_seeds} on ({design.spending.replace('_', '–')} "
+             "alpha spending: a clear case stops early)" if design else "")
+    return (f"{arm}: {now} against fp32 in this run. {candidates} candidate modules ranked on the fp32 model "
+            f"(`ampbench sensitivity {arm}`); trials on seeds {list(seeds)}, the confirmation on fresh seeds "
+            f"{list(fresh)}{looks}; a budget of {budget} trainings of {arm}"
+            + ("; a trial passes when equivalent (--until)" if goal == EQUIVALENT else ""))
 
 
 def _budget(budget: int | None, candidates: int, seeds: int, fresh: int) -> int:
@@ -157,6 +166,8 @@ class _Trials:
         self.run = run_parts(root, self.data, params.train)
         self.code = self.run["code"]
         self.tags = run_tags(root)
+        sq = params.evaluate.sequential  # a trial looks as `ampbench decide` does (verdict/search.py)
+        self.design = trial_design(len(seeds), sq.min_seeds, sq.spending, params.evaluate.confidence)
         self.count = 0
         self.tried: list[str] = []  # each trial's line, as said
         self.search_run: str | None = None
@@ -195,22 +206,27 @@ class _Trials:
 
     def __call__(self, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Trial:
         confirming = seeds != self.seeds
-        params = self._params(self.arm, modules, seeds)
         folder = self._folder(modules, seeds)
-        execution = self._train(self.arm, params, folder, modules, "confirmation" if confirming else "search")
-        fp32 = self._fresh_fp32(seeds) if confirming else self.root / MODELS / BASELINE
-        link = folder / BASELINE
-        if not link.exists():
-            link.symlink_to(fp32, target_is_directory=True)
-        stats = judge_arm(params, self.data, folder, self.arm)
-        trial = _trial(modules, seeds, stats, self.goal)
+        looked: dict = {}
+
+        def judge_at(now: tuple[int, ...], look: Look | None) -> Trial:
+            looked["execution"] = self._train(self.arm, self._params(self.arm, modules, seeds), folder, modules,
+                                              "confirmation" if confirming else "search", now)
+            fp32 = self._fresh_fp32(seeds, now) if confirming else self.root / MODELS / BASELINE
+            if not (folder / BASELINE).exists():
+                (folder / BASELINE).symlink_to(fp32, target_is_directory=True)
+            looked["stats"] = judge_arm(self._params(self.arm, modules, now), self.data, folder, self.arm, look)
+            return _trial(modules, now, looked["stats"], self.goal)
+
+        trial = judged_in_looks(seeds, self.design, judge_at)
         self.count += 1
-        if execution:  # a trial another search (the other --until) trained stays under that search's run
+        if looked["execution"]:  # a trial another search (the other --until) trained stays under that search's run
             tags = {"fix.verdict" if self.goal == NOT_WORSE else "fix.equivalence": trial.verdict}
-            tracking.log_to(execution, {}, tags if tracking.parent_of(execution) else
+            tracking.log_to(looked["execution"], {}, tags if tracking.parent_of(looked["execution"]) else
                             {**tags, "mlflow.parentRunId": self.search_run})
+        stats = looked["stats"]
         what = "confirmation" if confirming else f"trial {self.count}"
-        self.tried.append(f"{what}: {json.dumps(list(modules))} kept in float32, seeds {list(seeds)}: "
+        self.tried.append(f"{what}: {json.dumps(list(modules))} kept in float32, seeds {list(trial.seeds)}: "
                           f"{trial.verdict}" + (f" ({_interval(stats)})" if not isinstance(stats, str) else
                                                 f" ({stats})"))
         self.say(self.tried[-1])
@@ -219,27 +235,28 @@ class _Trials:
     def _params(self, arm: str, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Params:
         raw = self.params.to_dict()
         raw["train"].update({"precisions": [BASELINE, arm] if arm != BASELINE else [BASELINE],
-                             "fp32_modules": list(modules), "seeds": list(seeds), "keep_finished": False})
+                             "fp32_modules": list(modules), "seeds": list(seeds), "keep_finished": True})
         return validate(raw)
 
-    def _train(self, arm: str, params: Params, folder: Path, modules: tuple[str, ...], role: str) -> str | None:
-        """Train ``arm`` under ``params`` into ``folder``/<arm> unless its seeds all finished there; the trial's
-        execution run (None when nothing was ever logged)."""
+    def _train(self, arm: str, params: Params, folder: Path, modules: tuple[str, ...], role: str,
+               now: tuple[int, ...]) -> str | None:
+        """Train ``arm`` under ``params`` into ``folder``/<arm> on the seeds ``now`` (the first of train.seeds)
+        unless they all finished there; the trial's execution run (None when nothing was ever logged)."""
         files = ArmFiles(folder / arm)
-        if not _finished(files, params.train.seeds):
+        if not _finished(files, list(now)):
             name = f"fix {self.arm}: {json.dumps(list(modules))}" if arm != BASELINE else f"fix {self.arm}: fp32"
             tags = {**self.tags, "ampbench.execution_name": name, "fix.role": role,
                     "fix.modules": json.dumps(list(modules))}
             train_arm(arm, params, self.data, folder / arm, self.root, tags, resume_dir=folder / ".resume" / arm,
-                      code_version=self.code)
+                      code_version=self.code, now=list(now))
         summary = read_json(files.summary, "its training did not finish")
         run_ids = [s.get("run_id") for s in (summary.get("seeds") or {}).values() if s.get("run_id")]
         return tracking.parent_of(run_ids[0]) if run_ids else None
 
-    def _fresh_fp32(self, seeds: tuple[int, ...]) -> Path:
-        """fp32 trained on the confirmation's seeds (once)."""
+    def _fresh_fp32(self, seeds: tuple[int, ...], now: tuple[int, ...]) -> Path:
+        """fp32 trained on the confirmation's seeds so far (each once)."""
         folder = self.folder / json_digest({**self.run, "fp32": list(seeds)}, 12)
-        execution = self._train(BASELINE, self._params(BASELINE, (), seeds), folder, (), "confirmation")
+        execution = self._train(BASELINE, self._params(BASELINE, (), seeds), folder, (), "confirmation", now)
         if execution and not tracking.parent_of(execution):
             tracking.log_to(execution, {}, {"mlflow.parentRunId": self.search_run})
         return folder / BASELINE

@@ -41,10 +41,12 @@ from ampbench.training.state import EpochRecord, LoopConfig, TrainState
 
 
 def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_root: Path, tags: dict[str, str],
-              resume_dir: Path, code_version: str = "", cell: ClusterCell | None = None) -> dict[str, Any]:
+              resume_dir: Path, code_version: str = "", cell: ClusterCell | None = None,
+              now: list[int] | None = None) -> dict[str, Any]:
     """Train ``arm`` once per seed in ``params.train.seeds``; write checkpoints, history and summary to out_dir.
     A seed stopped by the divergence guard is recorded as diverged. Returns the summary (``summary.json``). A
-    cluster ``cell`` trains only its seeds, each kept finished in ``resume_dir`` for the stage that collects them."""
+    cluster ``cell`` trains only its seeds, each kept finished in ``resume_dir`` for the stage that collects them;
+    ``now``: only these first seeds, in the execution run of all of them (the looks of an ``ampbench fix`` trial)."""
     device = resolve_device(params.train.device)
     world = distributed.init(device.type)  # one process, or this rank of a torchrun job
     device = distributed.device_for(world, device)
@@ -64,7 +66,7 @@ def train_arm(arm: str, params: Params, data_dir: Path, out_dir: Path, project_r
         out.open(params, execution_key(params, data_md5, code_version, tags))
         seeds = {}
         try:
-            for seed in cell.seeds if cell else params.train.seeds:
+            for seed in cell.seeds if cell else now or params.train.seeds:
                 key = resume.resume_key(params.train, data.meta["checksum"], arm, seed, code_version)
                 job = SeedJob(arm, seed, params, policy, data, device, world, resume_dir / f"seed{seed}.pt", key,
                               pre.model, task)

@@ -19,6 +19,12 @@ procedure's false *not worse* rate stays at alpha (``tests/test_fix_search.py`` 
 
 The budget counts the arm's trainings (a trial on k seeds costs k), the confirmation's included: its seeds are set
 aside when the search starts. When the rest is spent, the search stops and says what it learnt.
+
+A trial, the confirmation too, looks as ``ampbench decide`` does (``judged_in_looks``): after each added seed from
+``evaluate.sequential.min_seeds`` on, at that look's levels of the group-sequential design
+(``verdict/sequential.py``), stopping at the first look that decides it, so a clear pass or a clear failure costs
+fewer trainings. The design's repeated bounds hold at every look, so the confirmation's verdict keeps its alpha
+wherever it stopped. The budget is charged for the seeds a trial used.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Callable
+
+from ampbench.verdict.sequential import UNDECIDED, Design, Look
 
 NOT_WORSE = "not worse"
 
@@ -76,6 +84,24 @@ class Answer:
         return {"modules": list(self.modules) if self.modules else None, "confirmed": self.confirmed}
 
 
+def trial_design(seeds: int, min_seeds: int, spending: str, confidence: float) -> Design | None:
+    """The looks of a trial on ``seeds`` seeds: one after each added seed from ``min_seeds`` (at least 2) to all of
+    them; None (a single look at every seed, the fixed design) when that leaves no earlier look."""
+    first = max(2, min_seeds)
+    return Design(first, seeds, spending, confidence) if first < seeds else None
+
+
+def judged_in_looks(seeds: tuple[int, ...], design: Design | None,
+                    judge_at: Callable[[tuple[int, ...], Look | None], Trial]) -> Trial:
+    """A trial judged at each look of ``design`` on its first seeds (``judge_at(seeds so far, look)``; all seeds at
+    once without a design), stopping at the first look whose verdict is decided; its ``seeds``: those it used."""
+    for look in design.looks() if design else [None]:
+        trial = judge_at(seeds[:look.seeds] if look else seeds, look)
+        if trial.verdict not in UNDECIDED:
+            break
+    return trial
+
+
 def default_budget(candidates: int, seeds: int, fresh: int) -> int:
     """Trainings for a search over ``candidates`` with ``seeds`` per trial and ``fresh`` confirmation seeds: three
     trials per halving of the candidates (growth, bisection, elimination of a short set) and the confirmation."""
@@ -99,6 +125,7 @@ class _Trials:
             return None
         self.left -= len(self.seeds)
         trial = self.judge(modules, self.seeds)
+        self.left += len(self.seeds) - len(trial.seeds)  # a look that decided early spent fewer
         self.done[key] = trial
         self.order.append(trial)
         return trial
@@ -145,8 +172,8 @@ def search(ranking: list[str], judge: Judge, seeds: tuple[int, ...], fresh: tupl
     stopped = state.stopped or (("minimal: without it the arm is as the run judged it" if len(state.found) == 1 else
                                  "minimal: removing any one of its modules made the arm fail") if minimal else
                                 "sufficient")
-    return Answer(state.found, minimal, confirmation, None, [*trials.order, confirmation], spent + len(fresh),
-                  stopped)
+    return Answer(state.found, minimal, confirmation, None, [*trials.order, confirmation],
+                  spent + len(confirmation.seeds), stopped)
 
 
 def _grow_and_bisect(ranking: list[str], trials: _Trials, state: _State) -> None:
