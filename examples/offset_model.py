@@ -14,7 +14,12 @@ finite: no overflow for the first-non-finite probe to name.
 
 Two more planted cases for ``ampbench fix``: ``build_two`` places two such layers in a row, so neither alone kept in
 float32 is enough; in ``build_unfixable`` the model's own forward does the matmul on the offset features, outside
-any submodule, so no set of modules helps.
+any submodule, so no set of modules helps. ``build_lm`` is the language-model form (a bigram model over text whose
+embedding goes through ``coords``):
+
+    .venv/bin/dvc exp run -S train.task=language_model -S prepare.dataset=text \
+        -S prepare.raw_dir=/usr/share/games/fortunes -S train.model=examples.offset_model:build_lm \
+        -S train.model_code=examples/offset_model.py -S 'train.precisions=[fp32,bf16]'
 """
 
 from __future__ import annotations
@@ -76,3 +81,24 @@ def build_unfixable(input_shape: tuple[int, int, int], num_classes: int, hidden:
                     origin: float = 4096.0) -> nn.Module:
     c, h, w = input_shape
     return Unfixable(c * h * w, num_classes, hidden, origin)
+
+
+class OffsetBigram(nn.Module):
+    """A language model with the planted layer: (N, T) token ids → embedding → ``coords`` → ReLU → (N, T, vocab)
+    logits. Each position predicts the next byte from the current one, so fp32 learns the text's bigrams; in bf16
+    the embedding's differences drown in the origin and the arm predicts the bytes' overall frequencies only."""
+
+    def __init__(self, vocab_size: int, width: int, origin: float):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, width)
+        self.coords = Coordinates(width, origin)
+        self.head = nn.Linear(width, vocab_size)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.coords(self.embed(idx))))
+
+
+def build_lm(vocab_size: int, block_size: int, width: int = 32, origin: float = 4096.0) -> nn.Module:
+    """The language-model form (``train.task: language_model``, ``prepare.dataset: text``): ``build(vocab_size,
+    block_size, **train.model_args)`` as examples/my_lm.py's contract says."""
+    return OffsetBigram(vocab_size, width, origin)

@@ -517,13 +517,14 @@ def test_fix_trains_nothing_for_an_arm_already_not_worse(tmp_path):
                                                             "weights"), bad.output
 
 
-def _degraded_project(easy, tmp_path, write_params, model: str, seeds: tuple[int, ...] = (0,)) -> Path:
+def _degraded_project(easy, tmp_path, write_params, model: str, seeds: tuple[int, ...] = (0,), **train) -> Path:
     """A project as `dvc repro` leaves it (params.yaml, data/prepared, models/, reports/) whose bf16 arm trained
     ``examples.offset_model:<model>`` to far worse than fp32, every value finite; with several ``seeds``, a trial
     of `ampbench fix` looks after each from the second (evaluate.sequential.min_seeds)."""
     params, data = easy
     params = {**params, "train": {**params["train"], "model": f"examples.offset_model:{model}", "seeds": list(seeds),
-                                  "model_code": "examples/offset_model.py", "precisions": ["fp32", "bf16"]},
+                                  "model_code": "examples/offset_model.py", "precisions": ["fp32", "bf16"],
+                                  **train},
               "evaluate": {**params.get("evaluate", {}), "sequential": {"min_seeds": 2}}}
     out, reports = _pipeline(params, data, tmp_path, write_params, model)
     assert json.loads((reports / "details.json").read_text())["bf16"]["delta_accuracy_pp"] < -10
@@ -594,3 +595,26 @@ def test_fix_says_when_no_set_of_modules_helps(easy, tmp_path, mlflow_store, wri
     assert "confirmation:" not in result.output and "Adopt it" not in result.output
     folder = root / ".resume" / "fix" / "bf16"
     assert len(list(folder.glob("*/bf16/seed1.pt"))) == 2 and not list(folder.glob("*/bf16/seed2.pt"))  # nor a third
+
+
+def test_fix_works_for_a_task_of_your_own(easy, tmp_path, mlflow_store, write_params):
+    """The planted model trained by examples/my_task.py's Task (label smoothing) instead of the built-in one: the
+    ranking takes the Task's logits, the trials train and are judged through it, and the answer is the same. On
+    three seeds, looking after the second: the trial and the confirmation stop at the look that decides them, and
+    the cost is that of the set confirmed."""
+    from ampbench.cli import main as ampbench
+
+    root = _degraded_project(easy, tmp_path, write_params, "build", seeds=(0, 1, 2), task="examples.my_task:task",
+                             task_code="examples/my_task.py")
+    result = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    lines = [line for line in result.output.splitlines() if not line.startswith("[")]
+    trial, confirmation = (re.fullmatch(r'(?:trial 1|confirmation): \["coords"\] kept in float32, seeds \[([\d, ]+)\]: '
+                                        r"not worse \(Δaccuracy .*", line) for line in lines[1:3])
+    assert trial and confirmation, lines
+    used = [len(m.group(1).split(", ")) for m in (trial, confirmation)]
+    assert f"{sum(used)} of 30 trainings of bf16 spent (and {used[1]} of fp32 on the fresh seeds)." in lines[3], lines
+    assert lines[4].startswith("Confirmed on fresh seeds [3, 4"), lines
+    assert lines[7].startswith("The modules kept in float32 take "), lines  # the confirmed set's own count
+    runs = __import__("mlflow").search_runs(search_all_experiments=True, filter_string="tags.`fix.role` = 'search'")
+    assert set(runs["params.train.task"]) == {"examples.my_task:task"}, runs

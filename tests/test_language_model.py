@@ -360,3 +360,28 @@ def test_an_interrupted_language_model_resumes_to_the_same_weights(tmp_path, mon
     a = torch.load(tmp_path / "whole" / "fp32" / "seed0.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "cut" / "fp32" / "seed0.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fix_keeps_a_language_models_planted_module_in_float32(tmp_path, monkeypatch):
+    """examples/offset_model.py:build_lm, a bigram model whose embedding goes through the planted ``coords``: bf16
+    loses the embedding in the origin and is worse by its loss per token, every value finite. `ampbench fix bf16`
+    ranks the modules on the language model's logits, keeps ``coords`` in float32 and confirms it on a fresh seed,
+    judged by the loss as the report judges a language model."""
+    from ampbench.cli import main as ampbench
+    from conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    params = _lm_params(write_text_folder(tmp_path / "raw"), model="examples.offset_model:build_lm", width=None,
+                        model_code="examples/offset_model.py", model_args={}, seeds=[0])
+    out = _stages(tmp_path, params, ["fp32", "bf16"])
+    assert out["comparison"]["bf16"]["not_worse"] == "worse", out["comparison"]["bf16"]
+    assert not json.loads((tmp_path / "models" / "bf16" / "summary.json").read_text())["first_nonfinite"]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "prepared").symlink_to(tmp_path / "prepared", target_is_directory=True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    result = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(tmp_path)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    lines = [line for line in result.output.splitlines() if not line.startswith("[")]
+    assert lines[1].startswith('trial 1: ["coords"] kept in float32, seeds [0]: not worse (Δloss '), lines
+    assert lines[2].startswith('confirmation: ["coords"] kept in float32, seeds [1]: not worse (Δloss '), lines
+    assert """  .venv/bin/dvc exp run --temp -S 'train.fp32_modules=["coords"]'""" in lines, lines

@@ -169,6 +169,7 @@ class _Trials:
         sq = params.evaluate.sequential  # a trial looks as `ampbench decide` does (verdict/search.py)
         self.design = trial_design(len(seeds), sq.min_seeds, sq.spending, params.evaluate.confidence)
         self.count = 0
+        self.trained: dict[Trial, Path] = {}  # each trial's folder
         self.tried: list[str] = []  # each trial's line, as said
         self.search_run: str | None = None
 
@@ -198,8 +199,8 @@ class _Trials:
         tracking.log_to(self.search_run, metrics, tags, artifacts=[record])
 
     def summary(self, trial: Trial) -> dict:
-        """The summary.json of ``trial``'s arm."""
-        return read_json(ArmFiles(self._folder(trial.modules, trial.seeds) / self.arm).summary, "")
+        """The summary.json of ``trial``'s arm (trained in the folder of all its seeds, on those its looks used)."""
+        return read_json(ArmFiles(self.trained[trial] / self.arm).summary, "")
 
     def _folder(self, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Path:
         return self.folder / json_digest({**self.run, "modules": sorted(modules), "seeds": list(seeds)}, 12)
@@ -219,6 +220,7 @@ class _Trials:
             return _trial(modules, now, looked["stats"], self.goal)
 
         trial = judged_in_looks(seeds, self.design, judge_at)
+        self.trained[trial] = folder
         self.count += 1
         if looked["execution"]:  # a trial another search (the other --until) trained stays under that search's run
             tags = {"fix.verdict" if self.goal == NOT_WORSE else "fix.equivalence": trial.verdict}
