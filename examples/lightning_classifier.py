@@ -10,13 +10,18 @@ Measure it under every arm, unchanged (from the project root; docs/your-framewor
 The pipeline needs nothing added: ``forward`` returns the logits, which is how the evaluation scores each test
 example. ``PinnedToFloat32`` is the planted case: a module whose forward turns autocast off, so every arm would
 train in float32 under a 16-bit label; the train stage refuses it with one line naming this file's line.
+``OffsetClassifier`` is the planted case of ``ampbench fix`` (docs/which-part-needs-float32.md): bf16 trains it to
+chance with every value finite until ``net.coords`` is kept in float32.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
+from examples.offset_model import Coordinates
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, random_split
@@ -84,3 +89,16 @@ class PinnedToFloat32(DigitsClassifier):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             return self.net(x.float())
+
+
+class OffsetClassifier(DigitsClassifier):
+    """The planted case of ``ampbench fix`` for a Lightning job: the classifier's hidden features go through
+    examples/offset_model.py's ``Coordinates`` (a Linear on features around an origin of 4096), which bf16 autocast
+    rounds to nothing, every value finite. ``ampbench fix bf16`` finds ``net.coords`` to keep in float32."""
+
+    def __init__(self, channels: int = 16, lr: float = 3e-3, epochs: int = 8, origin: float = 4096.0):
+        super().__init__(channels, lr, epochs)
+        self.net = nn.Sequential(OrderedDict(
+            conv=nn.Conv2d(1, channels, 3, padding=1), act=nn.ReLU(), pool=nn.MaxPool2d(2), flatten=nn.Flatten(),
+            fc=nn.Linear(channels * 16, 64), act1=nn.ReLU(), coords=Coordinates(64, origin), act2=nn.ReLU(),
+            head=nn.Linear(64, 10)))

@@ -308,3 +308,40 @@ def test_dvc_exp_run_measures_the_lightning_job(tmp_path, tiny_params):
     fp16 = runs[runs["tags.precision"] == "fp16"]
     assert set(fp16["tags.framework.precision"]) == {"16-mixed"} and set(fp16["tags.framework.compute_dtypes"]) == {
         "float16"}
+
+
+def test_fix_searches_a_lightning_job(setup, monkeypatch):
+    """examples/lightning_classifier.py:OffsetClassifier, the planted case of `ampbench fix` in a LightningModule:
+    bf16 trains it to chance with every value finite. The ranking runs on the module (not on its ``net``, which
+    holds all of it), each trial trains through Lightning's Trainer with the set kept in float32, and the answer,
+    with ``net.coords``, is confirmed on a fresh seed and timed through the same Trainer."""
+    from click.testing import CliRunner
+
+    from ampbench.cli import main as ampbench
+    from test_cli import _stage
+
+    params, data_dir, root = setup
+    raw = params.to_dict()
+    raw["train"].update({"model": f"{EXAMPLE}:OffsetClassifier", "precisions": ["fp32", "bf16"]})
+    params = validate(raw)
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    (root / "data").mkdir()
+    (root / "data" / "prepared").symlink_to(data_dir, target_is_directory=True)
+    for arm in ("fp32", "bf16"):
+        train_arm(arm, params, data_dir, root / "models" / arm, root, {}, resume_dir=root / ".resume" / arm)
+    monkeypatch.setenv("DVC_ROOT", str(root))
+    result = CliRunner().invoke(_stage("evaluate"), ["--params", str(root / "params.yaml"), "--data", str(data_dir),
+                                                     "--models", str(root / "models"), "--reports",
+                                                     str(root / "reports")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((root / "reports" / "comparison.json").read_text())["bf16"]["not_worse"] == "worse"
+    ranked = CliRunner().invoke(ampbench, ["sensitivity", "bf16", "--root", str(root), "--top", "20"])
+    assert ranked.exit_code == 0 and "| net.coords | Coordinates |" in ranked.output.splitlines()[4], ranked.output
+    assert "| net |" not in ranked.output  # the wrapper of the whole model is no candidate
+    result = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    lines = [line for line in result.output.splitlines() if not line.startswith("[")]
+    assert lines[1].startswith('trial 1: ["net.coords"] kept in float32, seeds [0]: '), lines
+    adopt = next(i for i, line in enumerate(lines) if line.endswith("Adopt it:"))
+    assert '"net.coords"' in lines[adopt + 1], lines
+    assert lines[adopt + 2].startswith("Speed × fp32, timed together (speed.* sizes): bf16 as it was "), lines

@@ -118,9 +118,6 @@ def _searchable(arm: str, params: Params) -> None:
     tp = params.train
     if arm == BASELINE or arm not in tp.precisions:
         raise ParamsError(f"{arm!r}: not an arm of this run to fix against fp32 (train.precisions: {tp.precisions})")
-    if tp.framework != "ampbench":
-        raise ParamsError(f"train.framework: {tp.framework}: `ampbench fix` searches jobs the pipeline's own loop "
-                          "trains; a framework's job is not searched yet")
     if no_islands(arms.get(arm)):
         raise ParamsError(f"{arm}: {no_islands(arms.get(arm))}: no module of it to keep in float32")
     if tp.fp32_modules:

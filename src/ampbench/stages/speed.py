@@ -56,20 +56,15 @@ def measure_arms(params: Params, train: Split, val: Split, task: Task, device: t
                  contract: dict[str, Any], between_rounds: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Every arm of ``train.precisions`` through the harness, then each arm's peak memory alone: what
     reports/interleaved.json holds."""
-    if params.train.framework != "ampbench":  # the framework's own Trainer steps each arm
-        from ampbench.stages import framework
-
-        s = sizes(params, framework.batches_per_pass(params))
-        build: Callable[[str], Any] = lambda arm: framework.speed_arm(arm, params, device)  # noqa: E731
-    else:
-        s = sizes(params, len(train) // params.train.batch_size)
-        build = lambda arm: loop_arm(arm, params, train, val, task, device, contract, s)  # noqa: E731
+    s, build = _builder(params, train, val, task, device, contract)
     skipped: dict[str, str] = {}
     names = []
     for arm in params.train.precisions:
         try:
             resolve_policy(arm, device, params.train.fp32_modules)
             if params.train.framework != "ampbench":
+                from ampbench.stages import framework
+
                 framework.check_arm(resolve_policy(arm, device, params.train.fp32_modules), params)
             names.append(arm)
         except ArmUnavailable as exc:
@@ -105,12 +100,23 @@ def measure_fix(params: Params, arm: str, modules: list[str], data_dir: Path) ->
     as the train stage builds them and timed by the harness interleaved, as the speed stage times arms: what
     ``ampbench fix`` reports of its answer. Each one's ratio to fp32 (``summarise``'s ``arms``)."""
     train, val, task, device, contract = _timed_data(params, data_dir)
-    s = sizes(params, len(train) // params.train.batch_size)
     fixed = dataclasses.replace(params, train=dataclasses.replace(params.train, fp32_modules=tuple(modules)))
-    runners = {BASELINE: loop_arm(BASELINE, params, train, val, task, device, contract, s),
-               arm: loop_arm(arm, params, train, val, task, device, contract, s),
-               FIXED.format(arm=arm): loop_arm(arm, fixed, train, val, task, device, contract, s)}
+    s, build = _builder(params, train, val, task, device, contract)
+    build_fixed = _builder(fixed, train, val, task, device, contract)[1]
+    runners = {BASELINE: build(BASELINE), arm: build(arm), FIXED.format(arm=arm): build_fixed(arm)}
     return summarise(measure(runners, s).rounds)["arms"]
+
+
+def _builder(params: Params, train: Split, val: Split, task: Task, device: torch.device,
+             contract: dict[str, Any]) -> tuple[Sizes, Callable[[str], Any]]:
+    """The harness's sizes and what builds an arm for it: the pipeline's loop (``loop_arm``), or the framework's own
+    trainer stepping the user's job (``framework.speed_arm``)."""
+    if params.train.framework != "ampbench":
+        from ampbench.stages import framework
+
+        return sizes(params, framework.batches_per_pass(params)), lambda arm: framework.speed_arm(arm, params, device)
+    s = sizes(params, len(train) // params.train.batch_size)
+    return s, lambda arm: loop_arm(arm, params, train, val, task, device, contract, s)
 
 
 def _timed_data(params: Params, data_dir: Path) -> tuple[Split, Split, Task, torch.device, dict[str, Any]]:

@@ -1,9 +1,10 @@
 """Which module needs float32 when nothing overflows: a ranking measured on a trained float32 model, without
 training.
 
-For every candidate module (every named module but the model itself: leaves and the modules that hold them, named
-as ``train.fp32_modules`` names them), on the same inputs, the error of the model's output (its logits, centred per
-example: softmax ignores a shift) relative to how much that output varies between examples:
+For every candidate module (every named module but the model itself and a wrapper of all of it: leaves and the
+modules that hold them, named as ``train.fp32_modules`` names them), on the same inputs, the error of the model's
+output (its logits, centred per example: softmax ignores a shift) relative to how much that output varies between
+examples:
 
 - ``kept``: the whole model under the arm's autocast but that module kept in float32 by ``train.fp32_modules``' own
   mechanism (``policy.keep_float32``: its inputs cast to float32, autocast off inside). This is the ranking, lowest
@@ -64,8 +65,12 @@ class Ranking:
 
 
 def candidates(model: nn.Module) -> list[str]:
-    """Every named module but the model itself, in ``named_modules`` order."""
-    return [name for name, _ in model.named_modules() if name]
+    """Every named module but the model itself and those that hold all of its parameters (a wrapper, such as a
+    LightningModule's ``net``: kept in float32 it is the whole model in float32, which the train stage refuses), in
+    ``named_modules`` order."""
+    total = sum(p.numel() for p in model.parameters())
+    return [name for name, module in model.named_modules()
+            if name and not (total and sum(p.numel() for p in module.parameters()) == total)]
 
 
 def rank(model: nn.Module, policy: PrecisionPolicy, inputs: list[torch.Tensor], task: Task) -> Ranking:
