@@ -11,7 +11,8 @@ model and the data, since the Trainer holds both.
 
 The pipeline trains a Trainer of these parts with each arm's flags (``fp16``, ``bf16``, ``tf32``), its seeds as
 ``seed`` and ``data_seed``, and reads back what ran. ``build_pinned`` is the planted case: a model loaded in
-bfloat16, so the fp32 arm would train in bfloat16; the train stage refuses it.
+bfloat16, so the fp32 arm would train in bfloat16; the train stage refuses it. ``build_offset`` is the planted case
+of ``ampbench fix``: a module that bf16 rounds to nothing, found and kept in float32.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import tempfile
 
 import torch
+from examples.offset_model import Coordinates
 from sklearn.datasets import load_digits
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
@@ -56,4 +58,15 @@ def build_pinned(**kwargs) -> Trainer:
     one), whatever the arm asks."""
     trainer = build(**kwargs)
     trainer.model.to(torch.bfloat16)
+    return trainer
+
+
+def build_offset(origin: float = 4096.0, **kwargs) -> Trainer:
+    """The planted case of ``ampbench fix`` for a Trainer job: the final hidden states go through
+    examples/offset_model.py's ``Coordinates`` (a Linear on them around an origin of 4096) before the last LayerNorm.
+    Under bf16 autocast the origin drowns every difference between positions, every value finite, and the model
+    predicts the digits' overall frequencies only; ``transformer.ln_f.0`` kept in float32 is the fix."""
+    trainer = build(**kwargs)
+    n_embd = trainer.model.config.n_embd
+    trainer.model.transformer.ln_f = torch.nn.Sequential(Coordinates(n_embd, origin), trainer.model.transformer.ln_f)
     return trainer

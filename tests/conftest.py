@@ -49,6 +49,8 @@ _TINY_OVERRIDES = {
     "mlflow": {"experiment": "ampbench-tests", "log_model": True},
 }
 TINY = _merged(Params().to_dict(), _TINY_OVERRIDES)  # the schema's defaults, not the workspace's params.yaml
+# The speed harness at its smallest, for a test that needs its line, not a good measurement (`ampbench fix`'s cost)
+QUICK_SPEED = {"rounds": 2, "steps": 2, "window": 1, "warmup_steps": 0, "seconds_per_arm": 1}
 
 
 # The longest test files first: `make test` runs files on two workers (pytest-xdist, --dist loadfile, in this

@@ -5,7 +5,7 @@ MLflow store that is complete in `mlflow.db` alone (copied without its write-ahe
 its artifacts.
 
 Two runs per mode keep it within the suite's time (one epoch, one seed, tiny models, the speed stage at its
-smallest; a plain process pays ~5 s of imports per stage; the modes run side by side):
+smallest; a plain process pays ~5 s of imports per stage):
 - every arm, on digits, the built-in mlp (Linear layers float8 can take) trained by the example Task
   (examples/my_task.py);
 - fp32 and bf16 on a language model from a model factory of the user's, by `dvc exp run -S`: the Hugging Face one
@@ -21,7 +21,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -90,29 +89,22 @@ def _runs_without_the_wal(repo: Path) -> list[tuple[str, str, int]]:
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, dict[str, dict]]:
-    """{mode: {run: outcome}}, each mode in a project of its own with a preload server of its own. The two modes run
-    side by side (nothing they compare depends on the machine's load), which halves the suite's longest wait."""
-    folders = {mode: tmp_path_factory.mktemp(f"preload{mode}") / "project" for mode in ("1", "0")}
-    with ThreadPoolExecutor(2) as pool:
-        found = dict(zip(folders, pool.map(_runs, folders.keys(), folders.values()), strict=True))
-    return found
-
-
-def _runs(mode: str, folder: Path) -> dict[str, dict]:
-    """Each of RUNS in one project with AMPBENCH_PRELOAD=``mode``: {run: outcome}."""
-    repo, env = make_project_repo(folder, _params())
-    write_text_folder(repo / "data" / "raw" / "text")
-    run = Path(tempfile.mkdtemp(prefix="ab-", dir="/tmp"))  # a socket's path must be short
-    env = {**env, "AMPBENCH_PRELOAD": mode, "XDG_RUNTIME_DIR": str(run), "AMPBENCH_PRELOAD_IDLE": "30"}
-    found = {}
-    try:
-        for name, cmd in RUNS.items():  # each from the committed params (an experiment leaves its own)
-            subprocess.run(["git", "checkout", "-q", "--", "params.yaml"], cwd=repo, env=env, check=True)
-            done = subprocess.run([sys.executable, "-m", *cmd], cwd=repo, env=env, capture_output=True, text=True,
-                                  timeout=900)
-            found[name] = {**_outcome(repo, done.returncode), "output": done.stdout + done.stderr}
-    finally:
-        shutil.rmtree(run, ignore_errors=True)
+    """{mode: {run: outcome}}, each mode in a project of its own with a preload server of its own."""
+    found: dict[str, dict[str, dict]] = {}
+    for mode in ("1", "0"):
+        repo, env = make_project_repo(tmp_path_factory.mktemp(f"preload{mode}") / "project", _params())
+        write_text_folder(repo / "data" / "raw" / "text")
+        run = Path(tempfile.mkdtemp(prefix="ab-", dir="/tmp"))  # a socket's path must be short
+        env = {**env, "AMPBENCH_PRELOAD": mode, "XDG_RUNTIME_DIR": str(run), "AMPBENCH_PRELOAD_IDLE": "30"}
+        found[mode] = {}
+        try:
+            for name, cmd in RUNS.items():  # each from the committed params (an experiment leaves its own)
+                subprocess.run(["git", "checkout", "-q", "--", "params.yaml"], cwd=repo, env=env, check=True)
+                done = subprocess.run([sys.executable, "-m", *cmd], cwd=repo, env=env, capture_output=True,
+                                      text=True, timeout=900)
+                found[mode][name] = {**_outcome(repo, done.returncode), "output": done.stdout + done.stderr}
+        finally:
+            shutil.rmtree(run, ignore_errors=True)
     return found
 
 

@@ -25,7 +25,7 @@ from ampbench.errors import ArmUnavailable, ModelError  # noqa: E402
 from ampbench.frameworks.readback import ArmMismatch  # noqa: E402
 from ampbench.precision.policy import resolve_policy  # noqa: E402
 from ampbench.stages.train import train_arm  # noqa: E402
-from conftest import ARM_RUNS, interrupted_at_epoch_log, make_project_repo, run_ok  # noqa: E402
+from conftest import ARM_RUNS, QUICK_SPEED, interrupted_at_epoch_log, make_project_repo, run_ok  # noqa: E402
 
 EXAMPLE = "examples.hf_trainer_lm"
 
@@ -169,3 +169,39 @@ def test_a_trainer_reporting_to_mlflow_itself_is_refused(prepared, monkeypatch):
     raw["train"]["model"] = "own_mlflow:build"
     with pytest.raises(ModelError, match=r"report_to=\[..., 'mlflow'\]\) logs runs of its own beside the pipeline's"):
         _arm("fp32", validate(raw), root, "own")
+
+
+def test_fix_searches_a_trainer_job(prepared, tmp_path, mlflow_store, monkeypatch):
+    """examples/hf_trainer_lm.py:build_offset, the planted case of `ampbench fix` in a Trainer job: bf16 loses the
+    final hidden states in the origin and is worse by its loss per token, every value finite. The ranking runs on the
+    Trainer's model, each trial trains through the Trainer with the set kept in float32, and the answer, with
+    ``transformer.ln_f.0``, is confirmed on a fresh seed and timed through the same Trainer."""
+    from click.testing import CliRunner
+
+    from ampbench.cli import main as ampbench
+    from test_cli import _stage
+
+    params, data = prepared
+    raw = params.to_dict()
+    raw["train"].update({"model": f"{EXAMPLE}:build_offset", "precisions": ["fp32", "bf16"]})
+    raw["speed"] = QUICK_SPEED
+    params = validate(raw)
+    root = tmp_path
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    (root / "data").mkdir()
+    (root / "data" / "prepared").symlink_to(data / "prepared", target_is_directory=True)
+    for arm in ("fp32", "bf16"):
+        train_arm(arm, params, data / "prepared", root / "models" / arm, root, {}, resume_dir=root / ".resume" / arm)
+    monkeypatch.setenv("DVC_ROOT", str(root))
+    result = CliRunner().invoke(_stage("evaluate"), ["--params", str(root / "params.yaml"), "--data",
+                                                     str(data / "prepared"), "--models", str(root / "models"),
+                                                     "--reports", str(root / "reports")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((root / "reports" / "comparison.json").read_text())["bf16"]["not_worse"] == "worse"
+    result = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    lines = [line for line in result.output.splitlines() if line and not line.startswith(("[", "Writing model"))]
+    assert lines[1].startswith('trial 1: ["transformer.ln_f.0"] kept in float32, seeds [0]: not worse (Δloss '), lines
+    assert """  .venv/bin/dvc exp run --temp -S 'train.fp32_modules=["transformer.ln_f.0"]'""" in lines, lines
+    adopt = lines.index("""  .venv/bin/dvc exp run --temp -S 'train.fp32_modules=["transformer.ln_f.0"]'""")
+    assert lines[adopt + 1].startswith("Speed × fp32, timed together (speed.* sizes): bf16 as it was "), lines

@@ -19,7 +19,7 @@ from ampbench.errors import DataError
 from ampbench.models.gpt import build as build_gpt
 from ampbench.precision.policy import resolve_policy
 from ampbench.tasks.language_model import LanguageModel
-from conftest import TINY, torch_flags_restored
+from conftest import QUICK_SPEED, TINY, torch_flags_restored
 from test_cli import _stage
 
 CPU = torch.device("cpu")
@@ -373,6 +373,7 @@ def test_fix_keeps_a_language_models_planted_module_in_float32(tmp_path, monkeyp
     monkeypatch.syspath_prepend(str(ROOT))
     params = _lm_params(write_text_folder(tmp_path / "raw"), model="examples.offset_model:build_lm", width=None,
                         model_code="examples/offset_model.py", model_args={}, seeds=[0])
+    params["speed"] = QUICK_SPEED
     out = _stages(tmp_path, params, ["fp32", "bf16"])
     assert out["comparison"]["bf16"]["not_worse"] == "worse", out["comparison"]["bf16"]
     assert not json.loads((tmp_path / "models" / "bf16" / "summary.json").read_text())["first_nonfinite"]

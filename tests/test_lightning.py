@@ -26,7 +26,7 @@ from ampbench.errors import AmpbenchError, ArmUnavailable, DataError, ModelError
 from ampbench.precision.policy import resolve_policy  # noqa: E402
 from ampbench.stages.train import train_arm  # noqa: E402
 from ampbench.training import checkpoint  # noqa: E402
-from conftest import ARM_RUNS, ROOT, interrupted_at_epoch_log, make_project_repo, run_ok  # noqa: E402
+from conftest import ARM_RUNS, QUICK_SPEED, ROOT, interrupted_at_epoch_log, make_project_repo, run_ok  # noqa: E402
 
 EXAMPLE = "examples.lightning_classifier"
 
@@ -323,6 +323,7 @@ def test_fix_searches_a_lightning_job(setup, monkeypatch):
     params, data_dir, root = setup
     raw = params.to_dict()
     raw["train"].update({"model": f"{EXAMPLE}:OffsetClassifier", "precisions": ["fp32", "bf16"]})
+    raw["speed"] = QUICK_SPEED
     params = validate(raw)
     (root / "params.yaml").write_text(yaml.safe_dump(raw))
     (root / "data").mkdir()
