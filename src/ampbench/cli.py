@@ -202,9 +202,10 @@ def sensitivity(arm: str, root: Path, seed: int | None, examples: int, top: int)
 @interrupted_exits_130
 def fix(arm: str, root: Path, budget: int | None, until: str) -> None:
     """Find the modules to keep in float32 so that ARM (autocast, *_pure, float8) is shown not worse than fp32 (or
-    equivalent): a search over the modules' ranking with trainings judged by the pipeline's verdicts, its answer
-    confirmed on fresh seeds (docs/which-part-needs-float32.md). params.yaml and the pipeline's outputs stay as
-    they are."""
+    equivalent): a search over the modules' ranking with trainings judged by the pipeline's verdicts, each looked
+    at after every seed as `ampbench decide` does, its answer confirmed on fresh seeds
+    (docs/which-part-needs-float32.md). params.yaml and the pipeline's outputs stay as they are; the record goes to
+    reports/fix/, which the next `dvc repro` puts into report.md."""
     from ampbench.stages.fix import fix_in_project
 
     fix_in_project(arm, root, budget, say=click.echo, until=until)
