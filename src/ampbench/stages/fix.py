@@ -4,12 +4,14 @@ fp32, from the sensitivity ranking to a verdict confirmed on fresh seeds (the se
 
 It reads what `dvc repro` left (params.yaml, data/prepared, models/, reports/comparison.json) and trains in
 ``.resume/fix/<arm>/``, which neither git nor DVC tracks: params.yaml and the pipeline's outputs stay as they were.
+Its record goes to reports/fix/ (``fix_record.py``), which the evaluate stage reads into report.md.
 
 - A trial is the arm with ``train.fp32_modules`` set to its modules, trained on the run's own seeds by the train
-  stage's code (``train_arm``), and judged against the run's fp32 models of those seeds as the evaluate stage
-  judges (``evaluate.judge_arm``: the same margins, confidence and deciding metric).
-- The confirmation trains the set the search ended with, and fp32, on as many seeds again that no trial used; its
-  verdict is the one reported.
+  stage's code (``train_arm``: the pipeline's loop or the framework's Trainer), and judged against the run's fp32
+  models of those seeds as the evaluate stage judges (``evaluate.judge_arm``: the same margins, confidence and
+  deciding metric), at each look of ``ampbench decide``'s design until one decides it.
+- The confirmation trains the set the search ended with, and fp32, on as many seeds again that no trial used, with
+  the same looks; its verdict is the one reported.
 - In MLflow one run per search (role ``fix``, its answer in ``fix.*`` tags) holds each trial's execution run
   (``fix.modules``, ``fix.verdict``), which holds the trial's run per seed.
 - A trial whose seeds all finished is not trained again, and one cut short resumes as the train stage does: a rerun
@@ -113,8 +115,8 @@ def _budget(budget: int | None, candidates: int, seeds: int, fresh: int) -> int:
 
 
 def _searchable(arm: str, params: Params) -> None:
-    """ParamsError for what the search does not take: an arm not in the run (or fp32), a framework's job, params
-    that already keep modules in float32."""
+    """ParamsError for what the search does not take: an arm not in the run (or fp32), an arm that keeps no float32
+    weights, params that already keep modules in float32."""
     tp = params.train
     if arm == BASELINE or arm not in tp.precisions:
         raise ParamsError(f"{arm!r}: not an arm of this run to fix against fp32 (train.precisions: {tp.precisions})")
