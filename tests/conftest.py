@@ -4,8 +4,10 @@ helpers subprocess tests share (a cleaned environment, a throwaway project repo)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,8 +75,8 @@ def pytest_collection_modifyitems(config, items):
 
 ARM_RUNS = "tags.`ampbench.role` = 'arm'"  # MLflow filter: the arm × seed runs, not the executions' parent runs
 
-PROJECT_FILES = ["pipeline", "src", "examples", "data/raw/README.md", "reports/fix/README.md", "dvc.yaml", ".dvcignore",
-                 ".gitignore", ".dvc/config", ".dvc/.gitignore", ".dvc/plots"]
+PROJECT_FILES = ["pipeline", "src", "examples", "data/raw/README.md", "reports/fix/README.md", "reports/fix_trial.json",
+                 "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config", ".dvc/.gitignore", ".dvc/plots"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -162,6 +164,20 @@ def make_project_repo(repo: Path, params: dict) -> tuple[Path, dict]:
     run_ok(["git", "add", "-A"], repo, env)
     run_ok(["git", "commit", "-qm", "tiny pipeline"], repo, env)
     return repo, env
+
+
+def dvc_exps(repo: Path) -> dict[str, dict]:
+    """`dvc exp show --json`'s experiments of HEAD, by name: their params.yaml and metrics as DVC reads them."""
+    shown = json.loads(subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=repo, check=True,
+                                      capture_output=True, text=True).stdout)
+    got = {}
+    for row in shown:
+        for exp in row.get("experiments") or []:
+            for rev in exp["revs"]:
+                data = rev["data"]
+                got[rev["name"]] = {"params": data["params"]["params.yaml"]["data"],
+                                    "metrics": {path: m["data"] for path, m in data["metrics"].items() if "data" in m}}
+    return got
 
 
 TORCH_ONLY = ("mlflow", "dvc", "pydantic", "click", "tqdm", "yaml", "sklearn", "matplotlib", "scipy", "pytest")

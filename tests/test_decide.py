@@ -112,16 +112,16 @@ def test_an_added_key_holds_for_every_look(tmp_path):
     settings stay in params.yaml, so a second look failed on it (found deciding a Lightning job with
     `-S +train.model_args.channels=4`). Every look gives it as `++key=value` (add or override)."""
     from ampbench.errors import ParamsError
-    from ampbench.stages.decide import _apply_settings, every_look
+    from ampbench.stages.decide import apply_settings, every_look
 
     assert every_look("+train.model_args.channels=4") == "++train.model_args.channels=4"
     assert [every_look(s) for s in ("++a=1", "a=1", "~a")] == ["++a=1", "a=1", "~a"]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump({"train": {"model_args": {}}}))
-    _apply_settings(path, (every_look("+train.model_args.channels=4"),))  # the first look: the key is added
+    apply_settings(path, (every_look("+train.model_args.channels=4"),))  # the first look: the key is added
     with pytest.raises(ParamsError, match="An item is already at 'train.model_args.channels'"):
-        _apply_settings(path, ("+train.model_args.channels=4",))  # what the second look did
-    _apply_settings(path, (every_look("+train.model_args.channels=4"),))
+        apply_settings(path, ("+train.model_args.channels=4",))  # what the second look did
+    apply_settings(path, (every_look("+train.model_args.channels=4"),))
     assert yaml.safe_load(path.read_text())["train"]["model_args"] == {"channels": 4}
 
 

@@ -7,6 +7,8 @@ evaluate stages: fp16 fails, the finder names ``gain``, the activation table ran
 
 import json
 import re
+import subprocess
+import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from ampbench.training.flops import count_step_flops
 from ampbench.training.loop import fit, init_state
 from ampbench.training.nonfinite import replay_first_nonfinite
 from ampbench.training.state import LoopConfig
+from conftest import ROOT, dvc_exps
 
 CPU = torch.device("cpu")
 
@@ -516,6 +519,23 @@ def test_fix_trains_nothing_for_an_arm_already_not_worse(tmp_path):
                                                             "weights"), bad.output
 
 
+def _committed(root: Path) -> Path:
+    """``root`` (a _degraded_project) as a user's project: a git repository with DVC and the pipeline's dvc.yaml,
+    its params and reports committed, the models and data left to DVC (.gitignore)."""
+    import shutil
+
+    reports = root / "reports"
+    run = reports.resolve()
+    reports.unlink()
+    shutil.copytree(run, reports)
+    shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
+    (root / ".gitignore").write_text("/models\n/data/prepared\n/.resume/\n")
+    for command in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "commit", "-qm", "the run"]):
+        subprocess.run(command, cwd=root, check=True, capture_output=True)
+    return root
+
+
 def _degraded_project(easy, tmp_path, write_params, model: str, seeds: tuple[int, ...] = (0,), **train) -> Path:
     """A project as `dvc repro` leaves it (params.yaml, data/prepared, models/, reports/) whose bf16 arm trained
     ``examples.offset_model:<model>`` to far worse than fp32, every value finite; with several ``seeds``, a trial
@@ -605,8 +625,9 @@ def test_fix_works_for_a_task_of_your_own(easy, tmp_path, mlflow_store, write_pa
     the cost is that of the set confirmed."""
     from ampbench.cli import main as ampbench
 
-    root = _degraded_project(easy, tmp_path, write_params, "build", seeds=(0, 1, 2), task="examples.my_task:task",
-                             task_code="examples/my_task.py")
+    root = _committed(_degraded_project(easy, tmp_path, write_params, "build", seeds=(0, 1, 2),
+                                        task="examples.my_task:task", task_code="examples/my_task.py"))
+    before = (root / "params.yaml").read_bytes()
     result = CliRunner().invoke(ampbench, ["fix", "bf16", "--root", str(root)])
     assert result.exit_code == 0, result.output + str(result.exception)
     lines = [line for line in result.output.splitlines() if not line.startswith("[")]
@@ -619,3 +640,23 @@ def test_fix_works_for_a_task_of_your_own(easy, tmp_path, mlflow_store, write_pa
     assert lines[7].startswith("The modules kept in float32 take "), lines  # the confirmed set's own count
     runs = __import__("mlflow").search_runs(search_all_experiments=True, filter_string="tags.`fix.role` = 'search'")
     assert set(runs["params.train.task"]) == {"examples.my_task:task"}, runs
+    # in a git repository each trial is a DVC experiment: the params it trained under, its verdict; params.yaml as
+    # it was, and nothing new in the workspace but the search's record
+    assert lines[-1] == ("`dvc exp show` lists the trials as DVC experiments (fix-bf16-1, fix-bf16-confirmation): "
+                         "the params each trained under and its verdict (reports/fix_trial.json); `dvc exp apply "
+                         "NAME` takes a trial's params"), lines
+    exps = dvc_exps(root)
+    assert sorted(exps) == ["fix-bf16-1", "fix-bf16-confirmation"], exps
+    for name, said, role in (("fix-bf16-1", trial, "search"),
+                             ("fix-bf16-confirmation", confirmation, "confirmation")):
+        train, fix = exps[name]["params"]["train"], exps[name]["metrics"]["reports/fix_trial.json"]["fix"]
+        seeds = [int(s) for s in said.group(1).split(", ")]
+        assert (train["fp32_modules"], train["seeds"], train["precisions"]) == (["coords"], seeds, ["fp32", "bf16"])
+        assert (fix["role"], fix["verdict"], fix["seeds"], fix["deciding"]) == (role, "not worse", len(seeds),
+                                                                               "accuracy (pp)"), fix
+        assert f"Δaccuracy {fix['delta']:+.2f} pp, one-sided bound {fix['bound']:+.2f} pp" in said.group(0), fix
+        run = __import__("mlflow").get_run(fix["mlflow_run"])
+        assert run.data.tags["fix.dvc_exp"] == name and run.data.tags["fix.role"] == role, run.data.tags
+    assert (root / "params.yaml").read_bytes() == before
+    status = subprocess.run(["git", "status", "--porcelain", "-uall"], cwd=root, capture_output=True, text=True)
+    assert status.stdout.split("\n") == ["?? reports/fix/bf16.json", "?? reports/fix/bf16.md", ""], status.stdout

@@ -205,7 +205,7 @@ def fix(arm: str, root: Path, budget: int | None, until: str) -> None:
     equivalent): a search over the modules' ranking with trainings judged by the pipeline's verdicts, each looked
     at after every seed as `ampbench decide` does, its answer confirmed on fresh seeds
     (docs/which-part-needs-float32.md). params.yaml and the pipeline's outputs stay as they are; the record goes to
-    reports/fix/, which the next `dvc repro` puts into report.md."""
+    reports/fix/, which the next `dvc repro` puts into report.md, and each trial into `dvc exp show` (fix-ARM-N)."""
     from ampbench.stages.fix import fix_in_project
 
     fix_in_project(arm, root, budget, say=click.echo, until=until)

@@ -221,10 +221,15 @@ def rank_hint(arm: str, c: dict[str, Any]) -> str | None:
             "worse, confirmed on fresh seeds (docs/which-part-needs-float32.md)")
 
 
+def fp32_modules_setting(modules: list[str]) -> str:
+    """The ``-S`` setting that keeps ``modules`` in float32."""
+    listed = ", ".join(f'"{m}"' for m in modules)  # quoted: YAML would read a Sequential's "2" as a number
+    return f"train.fp32_modules=[{listed}]"
+
+
 def fix_line(modules: list[str]) -> str:
     """The rerun that keeps ``modules`` in float32 (train.fp32_modules), as a user types it."""
-    listed = ", ".join(f'"{m}"' for m in modules)  # quoted: YAML would read a Sequential's "2" as a number
-    return f".venv/bin/dvc exp run --temp -S 'train.fp32_modules=[{listed}]'"
+    return f".venv/bin/dvc exp run --temp -S '{fp32_modules_setting(modules)}'"
 
 
 def float32_fix(culprit: dict[str, Any], arm: str) -> str | None:

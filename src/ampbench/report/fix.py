@@ -53,6 +53,20 @@ def answer_lines(arm: str, answer: Answer, budget: int) -> list[str]:
     return lines
 
 
+def deciding(stats) -> tuple[str, float, float | None]:
+    """The deciding difference's unit, value and one-sided bound: pp of accuracy, or nats of loss per token."""
+    v, scale = stats.decided, 100 if stats.deciding == "accuracy" else 1
+    return ("pp" if scale == 100 else "nats"), v.interval.mean * scale, None if v.bound is None else v.bound * scale
+
+
+def interval_text(stats) -> str:
+    """The deciding difference and its one-sided bound, as the report prints them."""
+    unit, mean, bound = deciding(stats)
+    digits = 2 if unit == "pp" else 4
+    shown = f"Δ{stats.deciding} {mean:+.{digits}f} {unit}"
+    return shown + (f", one-sided bound {bound:+.{digits}f} {unit}" if bound is not None else "")
+
+
 def record(arm: str, opening: str, ranking: list[str], tried: list[str], said: list[str]) -> str:
     """The search's record in Markdown: ``opening`` (the run, the seeds, the budget), the ranking's table, each
     trial's line as it was said, and the answer's lines (``said``: answer and cost)."""

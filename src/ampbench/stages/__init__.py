@@ -15,5 +15,6 @@
 - ``fix``: ``ampbench fix``: the search for the modules to keep in float32, its trials trained and judged as the
   stages do, its confirmation, what the fix costs.
 - ``fix_record``: the search's record in reports/fix/ (read by the evaluate stage) and the run it belongs to.
+- ``fix_exps``: each trial of the search as a DVC experiment (``dvc exp show``), the workspace untouched.
 - ``runs``: what the evaluate stage puts into MLflow (seed runs, the parent run), and logging it.
 """

@@ -79,7 +79,7 @@ def check_design(root: Path, design: Design, first_seed: int, extra: tuple[str, 
         except OSError as exc:
             raise ParamsError(f"{path}: {exc.strerror}") from None
         if extra:
-            _apply_settings(copy, extra)
+            apply_settings(copy, extra)
         try:
             raw: dict[str, Any] = yaml.safe_load(copy.read_text()) or {}
         except yaml.YAMLError as exc:
@@ -93,7 +93,7 @@ def check_design(root: Path, design: Design, first_seed: int, extra: tuple[str, 
     return check_run(validate(raw), root, root)
 
 
-def _apply_settings(path: Path, settings: tuple[str, ...]) -> None:
+def apply_settings(path: Path, settings: tuple[str, ...]) -> None:
     """``-S`` settings applied to ``path`` by DVC's own function (Hydra's override grammar), so that what is checked
     is what ``dvc exp run -S`` will write."""
     try:

@@ -14,6 +14,7 @@ Its record goes to reports/fix/ (``fix_record.py``), which the evaluate stage re
   the same looks; its verdict is the one reported.
 - In MLflow one run per search (role ``fix``, its answer in ``fix.*`` tags) holds each trial's execution run
   (``fix.modules``, ``fix.verdict``), which holds the trial's run per seed.
+- In a git repository each trial is also a DVC experiment, with its params and verdict (``fix_exps.py``).
 - A trial whose seeds all finished is not trained again, and one cut short resumes as the train stage does: a rerun
   after Ctrl-C goes on where it stopped.
 """
@@ -31,10 +32,11 @@ from ampbench.config.layout import MODELS, PREPARED, REPORTS, RESUME, ArmFiles, 
 from ampbench.config.params import Params
 from ampbench.config.validation import load_params, validate
 from ampbench.errors import Interrupted, ParamsError
-from ampbench.report.fix import against, answer_lines, cost_lines
+from ampbench.report.fix import against, answer_lines, cost_lines, interval_text
 from ampbench.runtime import signals
 from ampbench.runtime.files import json_digest, read_json
 from ampbench.runtime.provenance import run_tags
+from ampbench.stages import fix_exps
 from ampbench.stages.evaluate import judge_arm
 from ampbench.stages.fix_record import identity, run_parts, write_record
 from ampbench.stages.sensitivity import rank_in_project, ranking_lines
@@ -90,6 +92,7 @@ def fix_in_project(arm: str, root: Path, budget: int | None = None, say: Callabl
     trials.close_search(answer, cost, path)
     say(f"The search's record: {path.relative_to(root)} (and on its MLflow run); `dvc repro` puts it into "
         "reports/report.md")
+    say(fix_exps.experiments_line(trials.saved, trials.exps))
     return answer
 
 
@@ -171,6 +174,8 @@ class _Trials:
         self.trained: dict[Trial, Path] = {}  # each trial's folder
         self.tried: list[str] = []  # each trial's line, as said
         self.search_run: str | None = None
+        self.exps = fix_exps.baseline(root)  # where the trials' DVC experiments go (their names: saved), or why not
+        self.saved: list[str] = []
 
     def open_search(self, budget: int, ranking: list[str], fresh: tuple[int, ...]) -> None:
         """The search's MLflow run: found again by what the search is (a rerun of it goes on in it), else made."""
@@ -205,33 +210,47 @@ class _Trials:
         return self.folder / json_digest({**self.run, "modules": sorted(modules), "seeds": list(seeds)}, 12)
 
     def __call__(self, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Trial:
-        confirming = seeds != self.seeds
+        role = "search" if seeds == self.seeds else "confirmation"
         folder = self._folder(modules, seeds)
-        looked: dict = {}
+        last: dict = {}  # the deciding look's execution run and stats: judged_in_looks returns its Trial alone
 
         def judge_at(now: tuple[int, ...], look: Look | None) -> Trial:
-            looked["execution"] = self._train(self.arm, self._params(self.arm, modules, seeds), folder, modules,
-                                              "confirmation" if confirming else "search", now)
-            fp32 = self._fresh_fp32(seeds, now) if confirming else self.root / MODELS / BASELINE
+            last["execution"] = self._train(self.arm, self._params(self.arm, modules, seeds), folder, modules, role,
+                                            now)
+            fp32 = self.root / MODELS / BASELINE if role == "search" else self._fresh_fp32(seeds, now)
             if not (folder / BASELINE).exists():
                 (folder / BASELINE).symlink_to(fp32, target_is_directory=True)
-            looked["stats"] = judge_arm(self._params(self.arm, modules, now), self.data, folder, self.arm, look)
-            return _trial(modules, now, looked["stats"], self.goal)
+            last["stats"] = judge_arm(self._params(self.arm, modules, now), self.data, folder, self.arm, look)
+            return _trial(modules, now, last["stats"], self.goal)
 
         trial = judged_in_looks(seeds, self.design, judge_at)
         self.trained[trial] = folder
         self.count += 1
-        if looked["execution"]:  # a trial another search (the other --until) trained stays under that search's run
-            tags = {"fix.verdict" if self.goal == NOT_WORSE else "fix.equivalence": trial.verdict}
-            tracking.log_to(looked["execution"], {}, tags if tracking.parent_of(looked["execution"]) else
+        execution, stats = last["execution"], last["stats"]
+        exp = self._save(trial, stats, role, execution)
+        if execution:  # a trial another search (the other --until) trained stays under that search's run
+            tags = {"fix.verdict": trial.verdict, "fix.dvc_exp": exp} if self.goal == NOT_WORSE else \
+                {"fix.equivalence": trial.verdict, "fix.dvc_exp.equivalence": exp}
+            tags = {k: v for k, v in tags.items() if v}
+            tracking.log_to(execution, {}, tags if tracking.parent_of(execution) else
                             {**tags, "mlflow.parentRunId": self.search_run})
-        stats = looked["stats"]
-        what = "confirmation" if confirming else f"trial {self.count}"
-        self.tried.append(f"{what}: {json.dumps(list(modules))} kept in float32, seeds {list(trial.seeds)}: "
-                          f"{trial.verdict}" + (f" ({_interval(stats)})" if not isinstance(stats, str) else
-                                                f" ({stats})"))
+        self.tried.append(f"{role if role == 'confirmation' else f'trial {self.count}'}: {json.dumps(list(modules))} "
+                          f"kept in float32, seeds {list(trial.seeds)}: {trial.verdict} "
+                          f"({stats if isinstance(stats, str) else interval_text(stats)})")
         self.say(self.tried[-1])
         return trial
+
+    def _save(self, trial: Trial, stats, role: str, execution: str | None) -> str | None:
+        """``trial`` as a DVC experiment: its name, or None (no git repository; saving failed: said once)."""
+        try:
+            if isinstance(self.exps, fix_exps.Baseline):
+                self.saved.append(fix_exps.save_trial(self.exps, self.root, self.arm, role, self.count, trial, stats,
+                                                      execution))
+                return self.saved[-1]
+        except fix_exps.NotSaved as exc:
+            self.exps = str(exc)
+            self.say(f"The trials are no longer saved as DVC experiments: {exc}")
+        return None
 
     def _params(self, arm: str, modules: tuple[str, ...], seeds: tuple[int, ...]) -> Params:
         raw = self.params.to_dict()
@@ -279,15 +298,3 @@ def _trial(modules: tuple[str, ...], seeds: tuple[int, ...], stats, goal: str) -
     if stats.deciding == "loss" and lo is not None:
         lo, hi = -hi, -lo
     return Trial(modules, seeds, v.verdict if goal == EQUIVALENT else v.not_worse, lo, hi, goal)
-
-
-def _interval(stats) -> str:
-    """The deciding difference and its one-sided bound, as the report prints them."""
-    v = stats.decided
-    if stats.deciding == "accuracy":
-        mean, bound, unit, digits = v.interval.mean * 100, v.bound, " pp", 2
-        bound = None if bound is None else bound * 100
-    else:
-        mean, bound, unit, digits = v.interval.mean, v.bound, " nats", 4
-    shown = f"Δ{stats.deciding} {mean:+.{digits}f}{unit}"
-    return shown + (f", one-sided bound {bound:+.{digits}f}{unit}" if bound is not None else "")
