@@ -269,17 +269,25 @@ def test_a_neighbours_load_moves_the_interleaved_ratio_little_and_the_separate_o
         loaded, loaded_rounds = _ratio(timers, load_part)
     finally:
         hog.stop()
-    a, b = timers["A"], timers["B"]
-    quiet_a = float(np.median([fastest_after_first(a.round(STEPS, 10)) for _ in range(3)]))
+    assert abs(loaded / quiet - 1) <= 0.10, (quiet, loaded, quiet_rounds, loaded_rounds)
+    # Separately: up to three tries, each all of A and then all of B under the hog. What is shown is that a neighbour
+    # *can* move the separate ratio far off 1 (in one CI run a try came out at 0.98: the hog had not slowed B; run
+    # alone the test then passed 6 times of 6), not that it moves it every time.
+    separate: list[float] = []
+    while len(separate) < 3 and min(separate, default=1.0) >= 0.8:
+        separate.append(_separate(timers, Hog))
+    assert min(separate) < 0.8, separate
+
+
+def _separate(timers, Hog) -> float:
+    """B's rounds under the hog over A's rounds just before it, quiet: the ratio of their medians."""
+    quiet_a = float(np.median([fastest_after_first(timers["A"].round(STEPS, 10)) for _ in range(3)]))
     hog = Hog()
     hog.start()
     try:
-        loaded_b = float(np.median([fastest_after_first(b.round(STEPS, 10)) for _ in range(3)]))
+        return float(np.median([fastest_after_first(timers["B"].round(STEPS, 10)) for _ in range(3)])) / quiet_a
     finally:
         hog.stop()
-    separate = loaded_b / quiet_a
-    assert abs(loaded / quiet - 1) <= 0.10, (quiet, loaded, quiet_rounds, loaded_rounds)
-    assert separate < 0.8, separate
 
 
 @pytest.mark.timing

@@ -90,12 +90,12 @@ def _evaluate_arms(params, data_dir, models_dir, reports_dir, project_root, tags
     attach_quality(reports, margins.loss)
     looks = _judge(reports, outcomes, task, margins, noise, ev)
     comparison, speed_rows, details = tables(reports, noise, margins, task.deciding, looks)
+    data_md5 = dvc_md5(data_dir)
     context = _context(params, task, data.meta, base, device, margins, noise, looks,
-                       fix_record.section(reports_dir, project_root, data_dir, tp))
+                       fix_record.section(reports_dir, project_root, data_md5, tp))
     merged = {arm: {**row, **speed_rows.get(arm, {})} for arm, row in comparison.items()}
     rec = recommendation(merged, context)  # into the report, the log and the parent run
-    seed_runs, parent = runs.evaluation_runs(params, tags, rec, reports, comparison, speed_rows, context,
-                                             dvc_md5(data_dir))
+    seed_runs, parent = runs.evaluation_runs(params, tags, rec, reports, comparison, speed_rows, context, data_md5)
     with published_together(reports_dir) as staging:  # all reports replaced at once, or none
         _write_reports(reports, (comparison, speed_rows, details, merged), context, rec, ReportFiles(staging))
         # Logged from the staging folder, before publishing: a store that fails now leaves the old reports, not

@@ -34,7 +34,7 @@ from ampbench.config.validation import load_params, validate
 from ampbench.errors import Interrupted, ParamsError
 from ampbench.report.fix import against, answer_lines, cost_lines, interval_text
 from ampbench.runtime import signals
-from ampbench.runtime.files import json_digest, read_json
+from ampbench.runtime.files import dvc_md5, json_digest, read_json
 from ampbench.runtime.provenance import run_tags
 from ampbench.stages import fix_exps
 from ampbench.stages.evaluate import judge_arm
@@ -165,7 +165,7 @@ class _Trials:
         self.folder = root / RESUME / "fix" / arm
         self.data = root / PREPARED
         # what a trial's training depends on besides its set and seeds: a trial is reused only for the same run
-        self.run = run_parts(root, self.data, params.train)
+        self.run = run_parts(root, dvc_md5(self.data), params.train)
         self.code = self.run["code"]
         self.tags = run_tags(root)
         sq = params.evaluate.sequential  # a trial looks as `ampbench decide` does (verdict/search.py)

@@ -10,16 +10,16 @@ from typing import Any
 
 from ampbench.config.params import TrainParams
 from ampbench.report.fix import record, report_section
-from ampbench.runtime.files import atomic_write_json, atomic_write_text, dvc_md5, json_digest, read_json
+from ampbench.runtime.files import atomic_write_json, atomic_write_text, json_digest, read_json
 from ampbench.runtime.provenance import code_version
 
 
-def run_parts(root: Path, data_dir: Path, tp: TrainParams) -> dict[str, Any]:
+def run_parts(root: Path, data_md5: str, tp: TrainParams) -> dict[str, Any]:
     """What a search's trainings depend on besides the sets they keep in float32 and their seeds: the prepared data's
-    digest, the code's, and the train params with train.fp32_modules left out (the search chooses it)."""
+    digest (``dvc_md5``), the code's, and the train params with train.fp32_modules left out (the search chooses it)."""
     train = tp.to_dict()
     train["fp32_modules"] = []
-    return {"data": dvc_md5(data_dir), "code": code_version(root, tp.model_code, tp.task_code), "train": train}
+    return {"data": data_md5, "code": code_version(root, tp.model_code, tp.task_code), "train": train}
 
 
 def identity(parts: dict[str, Any]) -> str:
@@ -46,8 +46,8 @@ def read_records(folder: Path) -> list[dict[str, Any]]:
     return [read_json(p, "write it again with `ampbench fix`") for p in sorted(folder.glob("*.json"))]
 
 
-def section(reports_dir: Path, root: Path, data_dir: Path, tp: TrainParams) -> list[str]:
-    """report.md's section on the searches recorded in ``reports_dir``/fix, for the run of ``tp`` on ``data_dir``
-    (``report.fix.report_section``)."""
+def section(reports_dir: Path, root: Path, data_md5: str, tp: TrainParams) -> list[str]:
+    """report.md's section on the searches recorded in ``reports_dir``/fix, for the run of ``tp`` on the prepared
+    data of digest ``data_md5`` (``report.fix.report_section``)."""
     records = read_records(reports_dir / "fix")
-    return report_section(records, identity(run_parts(root, data_dir, tp)), tp.fp32_modules) if records else []
+    return report_section(records, identity(run_parts(root, data_md5, tp)), tp.fp32_modules) if records else []

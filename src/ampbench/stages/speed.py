@@ -24,6 +24,7 @@ from ampbench.runtime.hardware import fingerprint
 from ampbench.speed.budget import Sizes
 from ampbench.speed.harness import LoopArm, isolated_memory, measure
 from ampbench.speed.ratios import rounds_text, summarise
+from ampbench.stages import framework
 from ampbench.tasks.contract import Task
 from ampbench.training.loop import build_run
 
@@ -61,11 +62,9 @@ def measure_arms(params: Params, train: Split, val: Split, task: Task, device: t
     names = []
     for arm in params.train.precisions:
         try:
-            resolve_policy(arm, device, params.train.fp32_modules)
+            policy = resolve_policy(arm, device, params.train.fp32_modules)
             if params.train.framework != "ampbench":
-                from ampbench.stages import framework
-
-                framework.check_arm(resolve_policy(arm, device, params.train.fp32_modules), params)
+                framework.check_arm(policy, params)
             names.append(arm)
         except ArmUnavailable as exc:
             skipped[arm] = str(exc)
@@ -112,8 +111,6 @@ def _builder(params: Params, train: Split, val: Split, task: Task, device: torch
     """The harness's sizes and what builds an arm for it: the pipeline's loop (``loop_arm``), or the framework's own
     trainer stepping the user's job (``framework.speed_arm``)."""
     if params.train.framework != "ampbench":
-        from ampbench.stages import framework
-
         return sizes(params, framework.batches_per_pass(params)), lambda arm: framework.speed_arm(arm, params, device)
     s = sizes(params, len(train) // params.train.batch_size)
     return s, lambda arm: loop_arm(arm, params, train, val, task, device, contract, s)
