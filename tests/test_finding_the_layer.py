@@ -548,7 +548,8 @@ def _degraded_project(easy, tmp_path, write_params, model: str, seeds: tuple[int
                                   **train},
               "evaluate": {**params.get("evaluate", {}), "sequential": {"min_seeds": 2}}, "speed": QUICK_SPEED}
     out, reports = _pipeline(params, data, tmp_path, write_params, model)
-    assert json.loads((reports / "details.json").read_text())["bf16"]["delta_accuracy_pp"] < -10
+    details = json.loads((reports / "details.json").read_text())
+    assert all(details[arm]["delta_accuracy_pp"] < -10 for arm in params["train"]["precisions"][1:]), details
     root = tmp_path / "project"
     (root / "data").mkdir(parents=True)
     (root / "data" / "prepared").symlink_to(data, target_is_directory=True)
@@ -556,6 +557,33 @@ def _degraded_project(easy, tmp_path, write_params, model: str, seeds: tuple[int
     (root / "reports").symlink_to(reports, target_is_directory=True)
     (root / "params.yaml").write_text((tmp_path / f"{model}.yaml").read_text())
     return root
+
+
+def test_fix_searches_fp16_and_float8_arms(easy, tmp_path, mlflow_store, write_params):
+    """The planted model degrades fp16 autocast (10 mantissa bits still lose differences around 4096) and float8
+    training (torchao's Float8Linear under bf16 autocast, float8's numerics emulated on the CPU) as it does bf16.
+    Each search finds ``coords`` and confirms it on a fresh seed; for float8, keeping it in float32 keeps its Linear
+    out of float8 (torchao's module filter) while fc1 still trains in float8."""
+    from ampbench.cli import main as ampbench
+    from ampbench.precision.float8 import cpu_can_run
+    from ampbench.report.advice import fix_line
+
+    arms = ["fp16"] + ([] if cpu_can_run() else ["fp8_tensorwise"])
+    root = _degraded_project(easy, tmp_path, write_params, "build", precisions=["fp32", *arms])
+    for arm in arms:
+        result = CliRunner().invoke(ampbench, ["fix", arm, "--root", str(root)])
+        assert result.exit_code == 0, result.output + str(result.exception)
+        lines = [line for line in result.output.splitlines() if not line.startswith("[")]
+        assert lines[1].startswith('trial 1: ["coords"] kept in float32, seeds [0]: not worse'), lines
+        assert lines[4] == f"Confirmed on fresh seeds [1]: {arm} with them in float32 is not worse than fp32. Adopt it:"
+        assert lines[5] == f"  {fix_line(['coords'])}", lines
+    if "fp8_tensorwise" in arms:  # the run's arm and each trial (search and confirmation) of the set
+        for summary in [root / "models" / "fp8_tensorwise" / "summary.json",
+                        *(root / ".resume" / "fix" / "fp8_tensorwise").glob("*/fp8_tensorwise/summary.json")]:
+            ran = json.loads(summary.read_text())["float8"]
+            kept = {m["module"]: (m["converted"], m["reason"]) for m in ran["modules"]}
+            coords = (True, None) if summary.parts[-3] == "models" else (False, "kept in float32 (train.fp32_modules)")
+            assert kept == {"fc1": (True, None), "coords.proj": coords, "head": (False, "64→4 not divisible by 16")}
 
 
 def test_fix_keeps_two_modules_when_neither_alone_is_enough(easy, tmp_path, mlflow_store, write_params,
