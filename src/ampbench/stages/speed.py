@@ -24,7 +24,6 @@ from ampbench.runtime.hardware import fingerprint
 from ampbench.speed.budget import Sizes
 from ampbench.speed.harness import LoopArm, isolated_memory, measure
 from ampbench.speed.ratios import rounds_text, summarise
-from ampbench.stages import framework
 from ampbench.tasks.contract import Task
 from ampbench.training.loop import build_run
 
@@ -64,7 +63,7 @@ def measure_arms(params: Params, train: Split, val: Split, task: Task, device: t
         try:
             policy = resolve_policy(arm, device, params.train.fp32_modules)
             if params.train.framework != "ampbench":
-                framework.check_arm(policy, params)
+                _framework().check_arm(policy, params)
             names.append(arm)
         except ArmUnavailable as exc:
             skipped[arm] = str(exc)
@@ -111,9 +110,18 @@ def _builder(params: Params, train: Split, val: Split, task: Task, device: torch
     """The harness's sizes and what builds an arm for it: the pipeline's loop (``loop_arm``), or the framework's own
     trainer stepping the user's job (``framework.speed_arm``)."""
     if params.train.framework != "ampbench":
+        framework = _framework()
         return sizes(params, framework.batches_per_pass(params)), lambda arm: framework.speed_arm(arm, params, device)
     s = sizes(params, len(train) // params.train.batch_size)
     return s, lambda arm: loop_arm(arm, params, train, val, task, device, contract, s)
+
+
+def _framework():
+    """``stages.framework``, imported for a framework's job only: it brings the train stage's outputs and tracking
+    (MLflow's client, pydantic) into a stage that otherwise times arms without them."""
+    from ampbench.stages import framework
+
+    return framework
 
 
 def _timed_data(params: Params, data_dir: Path) -> tuple[Split, Split, Task, torch.device, dict[str, Any]]:
