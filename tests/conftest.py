@@ -27,6 +27,13 @@ sys.path.insert(0, str(ROOT / "pipeline"))  # stage scripts import `_common` as 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# Each test project links this venv at a path of its own (link_venv), and torch's C++ compile caches are keyed by
+# include paths under it: every project compiles bf16_sr's optimizer afresh, and with precompiled headers on each
+# such compile also wrote a 158 MB header to /tmp/torchinductor_<user> and took longer (a first step of 8.0 s
+# against 5.3-6.1 s without, measured). Off for the tests and the stages they start; a user's one project reuses
+# its header.
+os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
+
 # The end-to-end test commits in temporary repos; give git an identity without touching global config.
 for var, value in {"GIT_AUTHOR_NAME": "ampbench tests", "GIT_AUTHOR_EMAIL": "tests@ampbench.invalid",
                    "GIT_COMMITTER_NAME": "ampbench tests", "GIT_COMMITTER_EMAIL": "tests@ampbench.invalid"}.items():
