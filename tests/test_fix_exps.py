@@ -78,7 +78,9 @@ def test_without_git_or_dvc_there_is_no_baseline_and_a_repository_without_an_ide
     base = fix_exps.baseline(repo)
     for var in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-config"))  # no user.email anywhere
+    # no user.email anywhere, and no guess from the host's name (which works on a host with a domain name)
+    (tmp_path / "no-identity").write_text("[user]\n\tuseConfigOnly = true\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "no-identity"))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     fix_exps.save(base, repo, "fix-bf16-2", ["train.fp32_modules=[fc1]"], {"fix": {"verdict": "not worse"}})
     author = subprocess.run(["git", "log", "-1", "--format=%an <%ae>", "refs/exps/" + "/".join(
