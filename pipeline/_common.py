@@ -110,7 +110,8 @@ def stage(fn):
         if owner is not None:
             processes.stop_when_gone(owner)
         try:
-            result = fn(*args, params=load_params(params_path), **kwargs)
+            with signals.interruptions_unwrapped():  # a signal's KeyboardInterrupt that C code wrapped in its error
+                result = fn(*args, params=load_params(params_path), **kwargs)
             signals.settle()  # complete: a signal from here to the exit is said, and changes nothing
             return result
         except (AmpbenchError, OSError) as exc:  # OSError: unwritable folder, disk full, …: file and reason

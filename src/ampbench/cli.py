@@ -49,12 +49,17 @@ def one_line_errors(fn):
 
 
 def interrupted_exits_130(fn):
-    """Ctrl-C or SIGTERM ends a long command with one line saying what is kept (an ``Interrupted`` knows) and 130."""
+    """Ctrl-C or SIGTERM ends a long command with one line saying what is kept (an ``Interrupted`` knows) and 130,
+    also where C code wrapped the signal's KeyboardInterrupt in its own error (below ``one_line_errors``, so that
+    such an error is not said as one)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from ampbench.runtime import signals
+
         try:
-            return fn(*args, **kwargs)
+            with signals.interruptions_unwrapped():
+                return fn(*args, **kwargs)
         except KeyboardInterrupt as exc:
             click.echo(interrupted_line(exc), err=True)
             raise SystemExit(130) from None

@@ -200,12 +200,14 @@ def main(argv: list[str] | None = None) -> int:
 
     signals.handle_signals_once()  # SIGTERM (a scheduler, `kill`) unwinds as Ctrl-C does: one line, exit 130
     try:
-        # torch is imported only now, so --help stays instant. A signal during the import is taken after it: one
-        # that lands in C code running Python (pybind11) marks the interpreter to die of SIGINT at exit (CPython).
-        with signals.signals_deferred():
-            from ampbench.bench.loop import measure
+        # An interruption that C code wrapped in its own error (pydantic-core while MLflow is imported) is one too.
+        with signals.interruptions_unwrapped():
+            # torch is imported only now, so --help stays instant. A signal during the import is taken after it:
+            # one that lands in C code running Python (pybind11) marks the interpreter to die of SIGINT at exit.
+            with signals.signals_deferred():
+                from ampbench.bench.loop import measure
 
-        result = measure(cfg)
+            result = measure(cfg)
     except KeyboardInterrupt as exc:  # the scratch MLflow store is removed on the way; nothing else was written
         print(interrupted_line(exc) + f": nothing was written ({args.json_out} is as it was)", file=sys.stderr)
         return 130

@@ -81,6 +81,30 @@ _status_at_exit: list[int] = []
 atexit.register(_exit_with_the_kept_status)
 
 
+def interruption(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interruption ``exc`` stands for, or None for an error: a KeyboardInterrupt is itself; once a signal has
+    come (``interrupt_once``), any exception is the signal's, because C or Rust code that runs Python callbacks
+    wraps the KeyboardInterrupt raised inside them in its own error (pydantic-core building a schema while MLflow
+    is imported: a ``SchemaError`` ending "KeyboardInterrupt: SIGTERM" made an interrupted bench exit 1, not 130).
+    Only while ``interrupt_once`` is in place: a library call that installed it for a while has undone it since."""
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    return KeyboardInterrupt(_interrupted[0]) if _interrupted and handling() else None
+
+
+@contextmanager
+def interruptions_unwrapped() -> Iterator[None]:
+    """An error leaving the block that stands for a signal (``interruption``) leaves it as that KeyboardInterrupt
+    (the error as its cause), so that what unwinds treats it as one: MLflow runs end KILLED, the command exits 130."""
+    try:
+        yield
+    except Exception as exc:
+        stopped = interruption(exc)
+        if stopped is None:
+            raise
+        raise stopped from exc
+
+
 def checkpoint() -> None:
     """Raise KeyboardInterrupt if a signal came and its exception never reached this code (``interrupt_once``);
     nothing otherwise. Long loops call it between steps; cleanup code never does."""

@@ -157,8 +157,9 @@ def open_run(name: str, tags: dict[str, str], params: dict[str, str], run_id: st
     run_id = active.info.run_id
     with _signals_raise():
         try:
-            retry(mlflow.log_params)(params)
-            yield run_id
+            with signals.interruptions_unwrapped():  # a signal's KeyboardInterrupt wrapped in another error: KILLED
+                retry(mlflow.log_params)(params)
+                yield run_id
         except KeyboardInterrupt as exc:
             _close("KILLED", {"ampbench.ended_by": str(exc) or "SIGINT"})
             raise
