@@ -45,7 +45,19 @@ def test_without_a_signal_an_error_stays_an_error(handling):
             raise ValueError("boom")
 
 
-def test_a_run_stopped_inside_c_code_ends_killed_and_later_errors_are_errors(tmp_path, monkeypatch):
+@pytest.fixture
+def pythons_own_handlers():
+    """Python's own SIGINT/SIGTERM handlers for the test, as a library's caller has them (a test before it in the
+    same worker may have run a command in-process that left ``interrupt_once`` in place, as its process would)."""
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, signal.SIG_DFL)}
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def test_a_run_stopped_inside_c_code_ends_killed_and_later_errors_are_errors(tmp_path, monkeypatch,
+                                                                              pythons_own_handlers):
     """Called as a library (its own handlers for the run's length): the run ends KILLED, not FAILED, and once the
     run has undone its handlers an error is an error again, though a signal once came."""
     import mlflow
