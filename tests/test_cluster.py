@@ -11,6 +11,7 @@ deterministic CPU results depend on the thread count, not on where they ran.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -44,9 +45,7 @@ def _required(what: str, variable: str) -> None:
     pytest.skip(f"needs {what}", allow_module_level=True)
 
 
-try:
-    import ray  # noqa: F401
-except ImportError:
+if importlib.util.find_spec("ray") is None:  # not imported here: 0.3 s of every collection of the suite
     _required("Ray (make install-cluster)", "AMPBENCH_REQUIRE_RAY")
 TEAM = os.environ.get("AMPBENCH_TEAM_SERVER")
 if not TEAM:
