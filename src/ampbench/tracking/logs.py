@@ -102,10 +102,11 @@ def log_model(model, input_example, requirements: list[str]) -> str:
     the model back as a pyfunc and predict the example: about 2.5 s per run, and a failure there is only a
     warning) is off; the tests load every logged model and predict with it instead.
     """
-    import mlflow.pytorch
+    from ampbench.runtime.preload import import_module
 
+    pytorch = import_module("mlflow.pytorch")  # without its Lightning autologging (2 s): preload.HELD_BACK
     with _no_requirement_scan():
-        info = retry(mlflow.pytorch.log_model)(model, name="model", input_example=input_example,
+        info = retry(pytorch.log_model)(model, name="model", input_example=input_example,
                                                 pip_requirements=requirements, validate_serving_input=False)
     return info.model_uri
 
