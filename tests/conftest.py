@@ -28,11 +28,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Each test project links this venv at a path of its own (link_venv), and torch's C++ compile caches are keyed by
-# include paths under it: every project compiles bf16_sr's optimizer afresh, and with precompiled headers on each
-# such compile also wrote a 158 MB header to /tmp/torchinductor_<user> and took longer (a first step of 8.0 s
-# against 5.3-6.1 s without, measured). Off for the tests and the stages they start; a user's one project reuses
-# its header.
+# include paths under it: pipeline/python runs the venv by its physical path, but a process started through the
+# link compiles bf16_sr's optimizer afresh, and with precompiled headers on each such compile also wrote a 158 MB
+# header to /tmp/torchinductor_<user> and took longer (a first step of 8.0 s against 5.3-6.1 s without, measured).
+# Off for the tests and the stages they start; a user's one project reuses its header.
 os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")  # in-process DVC commands too (clean_env says why)
 
 # The end-to-end test commits in temporary repos; give git an identity without touching global config.
 for var, value in {"GIT_AUTHOR_NAME": "ampbench tests", "GIT_AUTHOR_EMAIL": "tests@ampbench.invalid",
@@ -92,6 +93,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MLFLOW_", "DVC_")) and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    # No usage report: DVC starts a daemon after every command to send one (half a second of CPU each, 54 in a
+    # run of the suite, and this machine has no network to send it over).
+    env["DVC_NO_ANALYTICS"] = "1"
     return {**env, **extra}
 
 
