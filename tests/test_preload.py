@@ -253,25 +253,3 @@ def test_an_idle_server_exits(tmp_path):
         time.sleep(0.2)
     assert not list((tmp_path / "run" / "ampbench").glob("*.sock")) and "idle: exiting" in _logs(tmp_path)
 
-
-def test_mlflow_pytorch_comes_without_its_lightning_part_and_its_callback_still_imports():
-    """``preload.import_module`` (the server's imports and the train stage's log_model): mlflow.pytorch without
-    pytorch_lightning (2 s at every import where Lightning is installed), the rest of MLflow's module as it is, and
-    the checkpoint callback it exports importable on first use. A fresh process, so nothing is imported yet."""
-    code = ("import sys, preload\n"
-            "m = preload.import_module('mlflow.pytorch')\n"
-            "print('pytorch_lightning' in sys.modules, callable(m.log_model), callable(m.load_model))\n"
-            "try:\n"
-            "    from mlflow.pytorch import MlflowModelCheckpointCallback\n"
-            "    print(MlflowModelCheckpointCallback.__name__, 'pytorch_lightning' in sys.modules)\n"
-            "except ImportError:\n"
-            "    print('no Lightning')\n")
-    done = subprocess.run([sys.executable, "-c", code], env=clean_env(PYTHONPATH=str(preload.HERE)),
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    first, second = done.stdout.splitlines()
-    assert first == "False True True"
-    import importlib.util
-
-    lightning = importlib.util.find_spec("pytorch_lightning") is not None
-    assert second == ("MlflowModelCheckpointCallback True" if lightning else "no Lightning")

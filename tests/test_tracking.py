@@ -368,3 +368,29 @@ def test_a_log_file_that_cannot_be_written_drops_the_records_quietly(tmp_path, c
     logging.getLogger("mlflow.store.db.utils").error("SQLAlchemy database error.")
     assert capsys.readouterr().err == ""  # not logging's "--- Logging error ---" page
     assert own_log.said().startswith("; MLflow's own log of it was dropped (")
+
+
+def test_mlflow_pytorch_comes_without_its_lightning_part_and_its_callback_still_imports():
+    """``tracking.logs.mlflow_pytorch`` (the train stage's log_model): mlflow.pytorch without pytorch_lightning (2 s
+    at every import where Lightning is installed), the rest of the module as it is, and the checkpoint callback it
+    exports importable on first use. A fresh process, so that nothing is imported yet."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from conftest import clean_env
+
+    code = ("import sys\n"
+            "from ampbench.tracking.logs import mlflow_pytorch\n"
+            "m = mlflow_pytorch()\n"
+            "print('pytorch_lightning' in sys.modules, callable(m.log_model), callable(m.load_model))\n"
+            "try:\n"
+            "    from mlflow.pytorch import MlflowModelCheckpointCallback\n"
+            "    print(MlflowModelCheckpointCallback.__name__, 'pytorch_lightning' in sys.modules)\n"
+            "except ImportError:\n"
+            "    print('no Lightning')\n")
+    done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "False True True"
+    lightning = importlib.util.find_spec("pytorch_lightning") is not None
+    assert done.stdout.splitlines()[1] == ("MlflowModelCheckpointCallback True" if lightning else "no Lightning")

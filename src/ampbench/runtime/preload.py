@@ -58,17 +58,13 @@ import time
 # What a stage imports that costs time; each is imported by the pipeline's stages anyway (ImportError: skipped).
 # The second line is what the first `mlflow.pytorch.log_model` of a process imports (torch.export's serializer, the
 # compiler modules it reaches, MLflow's pyfunc flavour, GitPython for the run's git tags): 0.3 s of a train stage.
-PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.export", "torchvision", "mlflow", "mlflow.pytorch",
+# Not mlflow.pytorch itself: the train stage imports it without its Lightning part (tracking/logs.py), which is all
+# it costs (2 s where Lightning is installed), and a served stage must have the modules a plain one has.
+PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.export", "torchvision", "mlflow",
            "mlflow.store.tracking.sqlalchemy_store", "mlflow.tracking.fluent", "click", "yaml", "pydantic",
            "scipy.stats",
            "torch._export.serde.serialize", "torch._functorch.aot_autograd", "torch._inductor.ir", "networkx",
            "mlflow.pyfunc", "mlflow.tracing.processor.otel", "git")
-# Modules imported with one submodule held back (and the names it exports, still there on first use): a part no
-# stage uses that costs seconds at every import. mlflow.pytorch's module body imports its Lightning autologging
-# only to export MLflow's checkpoint callback, and with Lightning installed that brings in pytorch_lightning and
-# torchmetrics: 2 s in every process that logs a model (measured). Held back, the module is what it is on a machine
-# without Lightning (its body catches the ImportError), and ``mlflow.pytorch.autolog`` still imports the part then.
-HELD_BACK = {"mlflow.pytorch": ("mlflow.pytorch._lightning_autolog", ("MlflowModelCheckpointCallback",))}
 # Environment variables read when a module is imported (or by the interpreter at start): part of the server's key.
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "GOTO", "TORCH", "PYTORCH_", "CUDA_",
                    "NVIDIA_", "ROCM", "HIP_", "LD_", "LC_", "LANG", "TZ", "AMPBENCH_PRELOAD_MODULES")
@@ -93,32 +89,6 @@ def modules(env: dict[str, str]) -> tuple[str, ...]:
     """What the server imports: ``AMPBENCH_PRELOAD_MODULES`` (comma-separated) or PRELOAD."""
     named = env.get("AMPBENCH_PRELOAD_MODULES")
     return PRELOAD if named is None else tuple(m.strip() for m in named.split(",") if m.strip())
-
-
-def import_module(name: str):
-    """``importlib.import_module(name)``, with ``HELD_BACK``'s submodule of ``name`` left unimported (its exported
-    names stay reachable: the module's ``__getattr__`` imports it on first use). The preload server and the stages
-    import through this, so a served stage has the same modules as a plain one."""
-    import importlib
-
-    held = HELD_BACK.get(name)
-    if held is None or name in sys.modules or held[0] in sys.modules:
-        return importlib.import_module(name)
-    part, names = held
-    sys.modules[part] = None  # type: ignore[assignment]  (importing it raises ImportError, as if not installed)
-    try:
-        module = importlib.import_module(name)
-    finally:
-        if part in sys.modules and sys.modules[part] is None:
-            del sys.modules[part]
-
-    def __getattr__(attr: str):
-        if attr in names:
-            return getattr(importlib.import_module(part), attr)
-        raise AttributeError(f"module {name!r} has no attribute {attr!r}")
-
-    module.__getattr__ = __getattr__
-    return module
 
 
 def key(env: dict[str, str], path: list[str]) -> str:

@@ -49,12 +49,13 @@ def _preload() -> str | None:
     a lock another thread holds stays held in the child. Python threads are refused; native ones only where the
     library that starts them at import makes itself fork-safe (pthread_atfork): OpenBLAS's pool (numpy, scipy)
     and jemalloc's background thread (loaded with MLflow's dependencies)."""
+    import importlib
     import threading
 
     for name in wire.modules(dict(os.environ)):
         before, started = _threads(), time.perf_counter()
         try:
-            wire.import_module(name)
+            importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001  (a module that is not installed, or fails: the stage will see it)
             _log(f"not preloaded: {name} ({type(exc).__name__}: {exc})")
             continue
