@@ -252,4 +252,3 @@ def test_an_idle_server_exits(tmp_path):
     while list((tmp_path / "run" / "ampbench").glob("*.sock")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not list((tmp_path / "run" / "ampbench").glob("*.sock")) and "idle: exiting" in _logs(tmp_path)
-

@@ -21,11 +21,14 @@ def _stopped_in_c(sig=signal.SIGTERM):
 
 @pytest.fixture
 def handling():
-    """``interrupt_once`` in place for the test, as a stage has it; pytest's handlers back afterwards."""
+    """``interrupt_once`` in place for the test, as a stage has it; the handlers before it back afterwards, and the
+    signal it heard forgotten (were those handlers ``interrupt_once`` too, every later error in this worker would
+    read as that signal's)."""
     previous = signals.handle_signals_once()
     yield
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+    signals._interrupted.clear()
 
 
 def test_the_wrapped_error_is_what_a_signal_did_and_is_raised_as_one(handling):
@@ -54,6 +57,7 @@ def pythons_own_handlers():
     yield
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+    signals._interrupted.clear()
 
 
 def test_a_run_stopped_inside_c_code_ends_killed_and_later_errors_are_errors(tmp_path, monkeypatch,

@@ -105,7 +105,7 @@ def log_model(model, input_example, requirements: list[str]) -> str:
     """
     with _no_requirement_scan():
         info = retry(mlflow_pytorch().log_model)(model, name="model", input_example=input_example,
-                                                pip_requirements=requirements, validate_serving_input=False)
+                                                  pip_requirements=requirements, validate_serving_input=False)
     return info.model_uri
 
 
